@@ -1,0 +1,51 @@
+"""Findings: the one currency of every pre-submit check.
+
+Each check returns findings instead of raising, so `plan` can show all problems at once and
+the caller decides (exit code 2 for invalid input, nonzero for any error finding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+
+
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One problem or piece of advice, tied to the spec key it is about and the fix."""
+
+    severity: Severity
+    key: str
+    message: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        d = asdict(self)
+        d["severity"] = self.severity.value
+        return d
+
+    def __str__(self) -> str:
+        fix = f" Fix: {self.fix}" if self.fix else ""
+        return f"{self.severity.value}: {self.key}: {self.message}{fix}"
+
+
+def error(key: str, message: str, fix: str = "") -> Finding:
+    return Finding(Severity.ERROR, key, message, fix)
+
+
+def warning(key: str, message: str, fix: str = "") -> Finding:
+    return Finding(Severity.WARNING, key, message, fix)
+
+
+def info(key: str, message: str, fix: str = "") -> Finding:
+    return Finding(Severity.INFO, key, message, fix)
+
+
+def has_errors(findings: list[Finding]) -> bool:
+    return any(f.severity is Severity.ERROR for f in findings)
