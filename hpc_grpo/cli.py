@@ -1,0 +1,314 @@
+"""The hpc-grpo command line: parse, call the library, print.
+
+Arguments are `recipe=NAME cluster=NAME key=value ...` so a command line reads like the recipe
+it changes. Heavy modules (torch, trl, lm_eval, submitit's executors) are imported only inside
+the commands that need them: plan/render/status must answer instantly on a login node.
+Exit codes: 0 ok, 1 an error finding or a failed job, 2 invalid input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hpc_grpo import registry
+from hpc_grpo.findings import Finding, Severity
+from hpc_grpo.yamlio import SpecError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Validated, rendered and resumable GRPO post-training jobs (verl, trl) on Slurm clusters.",
+    rich_markup_mode=None,
+)
+data_app = typer.Typer(help="Prepare training and evaluation data.", no_args_is_help=True)
+model_app = typer.Typer(help="Build local models for machines without the Hugging Face Hub.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+app.add_typer(model_app, name="model")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+ArgsT = Annotated[Optional[list[str]], typer.Argument(help="recipe=NAME [cluster=NAME] [key=value ...]", show_default=False)]
+JsonT = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+NameT = Annotated[Optional[str], typer.Option("--name", help="run name (default: recipe name + timestamp)")]
+SchemaT = Annotated[bool, typer.Option("--schema/--no-schema", help="compose against verl's real config if installed")]
+
+
+class BadInput(Exception):
+    """Raised for invalid command-line input; main() turns it into exit code 2."""
+
+
+def parse_args(args: list[str] | None) -> tuple[str, str | None, list[str]]:
+    recipe: str | None = None
+    cluster: str | None = None
+    rest: list[str] = []
+    for item in args or []:
+        if item.startswith("recipe="):
+            recipe = item.split("=", 1)[1]
+        elif item.startswith("cluster="):
+            cluster = item.split("=", 1)[1]
+        else:
+            rest.append(item)
+    if not recipe:
+        raise SpecError(f"no recipe given: add recipe=NAME (known: {', '.join(registry.list_names('recipes'))})", key="recipe")
+    return recipe, cluster, rest
+
+
+def _resolve(args: list[str] | None, name: str | None):
+    from hpc_grpo.resolve import resolve_spec
+
+    recipe, cluster, overrides = parse_args(args)
+    return resolve_spec(recipe, cluster, overrides, run_name=name)
+
+
+# ------------------------------------------------------------------------------------- printing
+_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "dim"}
+
+
+def print_findings(findings: list[Finding], console: Console = out) -> None:
+    if not findings:
+        console.print("No findings.")
+        return
+    t = Table(title="Findings", show_lines=False)
+    for col in ("severity", "key", "message", "fix"):
+        t.add_column(col, overflow="fold")
+    order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+    for f in sorted(findings, key=lambda f: order[f.severity]):
+        t.add_row(f"[{_STYLE[f.severity]}]{f.severity.value}[/]", f.key, f.message, f.fix)
+    console.print(t)
+
+
+def print_plan(plan: Any) -> None:
+    spec, lay, r = plan.spec, plan.layout, plan.spec.recipe
+    out.print(f"[bold]{spec.run_name}[/]: recipe {r.name} ({r.engine}/{r.backend}) on cluster {spec.cluster.name}"
+              f" -> {spec.run_dir}")
+    t = Table(title="Layout")
+    for col in ("nodes", "GPUs/node", "world", "TP", "PP", "CP", "EP", "DP", "rollout TP"):
+        t.add_column(col, justify="right")
+    t.add_row(*map(str, (r.resources.nodes, lay.gpus_per_node, lay.world_size, lay.tp, lay.pp, lay.cp, lay.ep,
+                         lay.dp, lay.rollout_tp)))
+    out.print(t)
+    b = r.batch
+    t = Table(title="Batches")
+    for col in ("train (prompts)", "n", "samples/step", "mini", "micro/GPU", "dynamic bsz"):
+        t.add_column(col, justify="right")
+    t.add_row(str(b.train), str(r.grpo.n), str(b.train * r.grpo.n), str(b.mini), str(b.micro_per_gpu), str(b.dynamic_bsz))
+    out.print(t)
+    if plan.shape is not None:
+        s = plan.shape
+        out.print(f"Model {s.name}: {s.params / 1e9:.2f}B parameters, {s.num_attention_heads} heads, "
+                  f"{s.num_key_value_heads} KV heads, {s.num_hidden_layers} layers"
+                  + (f", {s.num_experts} experts" if s.num_experts else ""))
+    est = plan.memory
+    if est is not None:
+        t = Table(title=f"Memory per GPU (rough; peak phase: {est.peak_phase})")
+        t.add_column("term")
+        t.add_column("GiB", justify="right")
+        for term, gib in est.terms.items():
+            style = "bold" if term == est.largest_term else ""
+            t.add_row(f"[{style}]{term}[/]" if style else term, f"{gib:.1f}")
+        t.add_row("[bold]peak[/]", f"[bold]{est.total_gib:.1f} of {est.capacity_gib:.0f}[/]")
+        out.print(t)
+    out.print(f"Engine schema: {plan.schema_checked}")
+    print_findings(plan.findings)
+
+
+def plan_json(plan: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {
+        "run_name": plan.spec.run_name,
+        "run_dir": plan.spec.run_dir,
+        "ok": plan.ok,
+        "layout": asdict(plan.layout),
+        "memory": None if plan.memory is None else {
+            "terms": plan.memory.terms, "peak_gib": plan.memory.total_gib, "capacity_gib": plan.memory.capacity_gib,
+            "fits": plan.memory.fits, "largest_term": plan.memory.largest_term},
+        "schema": plan.schema_checked,
+        "findings": [f.as_dict() for f in plan.findings],
+    }
+
+
+# ------------------------------------------------------------------------------------- commands
+@app.command()
+def recipes(as_json: JsonT = False) -> None:
+    """List the recipes hpc-grpo can find."""
+    from hpc_grpo.resolve import load_raw
+
+    rows = []
+    for name in registry.list_names("recipes"):
+        data, _ = load_raw("recipes", name)
+        rows.append({"name": name, "engine": data.get("engine", "verl"), "backend": data.get("backend", "fsdp"),
+                     "model": (data.get("model") or {}).get("path", ""), "description": data.get("description", ""),
+                     "path": str(registry.find("recipes", name))})
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    t = Table(title="Recipes")
+    for col in ("name", "engine", "backend", "model", "description"):
+        t.add_column(col, overflow="fold")
+    for row in rows:
+        t.add_row(row["name"], row["engine"], row["backend"], row["model"], row["description"])
+    out.print(t)
+
+
+@app.command()
+def clusters(as_json: JsonT = False) -> None:
+    """List the cluster profiles hpc-grpo can find."""
+    from hpc_grpo.resolve import load_raw
+
+    rows = []
+    for name in registry.list_names("clusters"):
+        data, _ = load_raw("clusters", name)
+        rows.append({"name": name, "scheduler": data.get("scheduler", "slurm"), "partition": data.get("partition"),
+                     "nodes_max": data.get("nodes_max"), "gpus_per_node": data.get("gpus_per_node"),
+                     "gpu": data.get("gpu_type"), "description": data.get("description", ""),
+                     "path": str(registry.find("clusters", name))})
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    t = Table(title="Clusters")
+    for col in ("name", "scheduler", "partition", "nodes", "GPUs/node", "description"):
+        t.add_column(col, overflow="fold")
+    for row in rows:
+        t.add_row(row["name"], row["scheduler"], str(row["partition"] or "-"), str(row["nodes_max"]),
+                  str(row["gpus_per_node"]), row["description"])
+    out.print(t)
+
+
+@app.command()
+def plan(args: ArgsT = None, as_json: JsonT = False, schema: SchemaT = True, name: NameT = None) -> None:
+    """Check a recipe on a cluster: layout, batch math, memory per GPU, verl's schema. Writes nothing."""
+    from hpc_grpo.plan import run_plan
+
+    result = run_plan(_resolve(args, name), schema=schema)
+    if as_json:
+        out.print_json(json.dumps(plan_json(result)))
+    else:
+        print_plan(result)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@app.command()
+def render(
+    args: ArgsT = None,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="folder to write into (default: print)")] = None,
+    name: NameT = None,
+    schema: SchemaT = True,
+) -> None:
+    """Render the frozen spec and every script of a run; print them or write them to -o DIR."""
+    from hpc_grpo.plan import run_plan
+    from hpc_grpo.render import render_all, write_files
+
+    spec = _resolve(args, name)
+    result = run_plan(spec, schema=schema)
+    if not result.ok:
+        print_findings(result.findings, err)
+        err.print("Nothing rendered: fix the errors above.")
+        raise typer.Exit(1)
+    files = render_all(spec)
+    if output is None:
+        for rel, text in files.items():
+            out.rule(rel)
+            out.out(text, end="")
+        return
+    for path in write_files(output, files):
+        out.print(str(path))
+
+
+@app.command()
+def submit(
+    args: ArgsT = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="show everything submit would do; submit nothing")] = False,
+    name: NameT = None,
+    schema: SchemaT = True,
+) -> None:
+    """Plan, create the run directory, render, and submit through submitit (Slurm or local)."""
+    from hpc_grpo.plan import run_plan
+    from hpc_grpo.render import render_all
+
+    spec = _resolve(args, name)
+    result = run_plan(spec, schema=schema, for_submit=True)
+    if not result.ok:
+        print_findings(result.findings, err)
+        err.print("Nothing submitted: fix the errors above.")
+        raise typer.Exit(1)
+    files = render_all(spec)
+    if dry_run:
+        print_findings(result.findings)
+        out.print(f"Would create {spec.run_dir} with:")
+        for rel in files:
+            out.print(f"  {rel}")
+        executor = "submitit SlurmExecutor" if spec.cluster.scheduler == "slurm" else "submitit LocalExecutor"
+        out.print(f"Would submit scripts/sbatch.sh through {executor}" if spec.cluster.scheduler == "slurm"
+                  else f"Would run scripts/launch.sh through {executor}")
+        out.rule("scripts/sbatch.sh")
+        out.out(files["scripts/sbatch.sh"], end="")
+        return
+    from hpc_grpo.submit import submit_run
+
+    submission = submit_run(spec, files)
+    out.print(f"Run directory: {submission.run_dir}")
+    out.print(f"Job: {submission.job_id} ({submission.executor})")
+    out.print(f"Follow it: hpc-grpo status {spec.run_name}    logs: {submission.log_hint}")
+
+
+@data_app.command("gsm8k")
+def data_gsm8k(
+    source: Annotated[str, typer.Option(help="'hf' (openai/gsm8k from the Hub) or a folder with train.jsonl and test.jsonl")] = "hf",
+    out_dir: Annotated[Path, typer.Option("--out", help="output folder")] = Path("~/hpc-grpo-data/gsm8k"),
+) -> None:
+    """Write GSM8K in verl's parquet format and the trl engine's jsonl format."""
+    from hpc_grpo.data import prepare_gsm8k
+
+    result = prepare_gsm8k(source, out_dir.expanduser())
+    out.print(f"GSM8K from {result.source}: {result.n_train} train, {result.n_test} test rows")
+    for p in (result.verl_train, result.verl_test, result.trl_train, result.trl_test):
+        out.print(f"  {p}")
+
+
+@model_app.command("tiny")
+def model_tiny(
+    out_dir: Annotated[Path, typer.Option("--out", help="output folder")] = Path("~/.cache/hpc-grpo/tiny-qwen2"),
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+) -> None:
+    """Build a tiny random Qwen2-architecture model with a locally trained tokenizer (no Hub needed)."""
+    from hpc_grpo.tiny_model import ensure_tiny_model
+
+    path = ensure_tiny_model(out_dir.expanduser(), seed=seed)
+    out.print(f"Tiny model at {path}")
+
+
+def main() -> None:
+    """Console entry point: input errors exit 2 with a message that names the key and the fix."""
+    from hpc_grpo.data import DataError
+
+    try:
+        rc = app(standalone_mode=False)
+        sys.exit(rc if isinstance(rc, int) else 0)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (SpecError, DataError, BadInput) as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        sys.exit(2)
+    except (typer.BadParameter, typer.Abort) as exc:  # pragma: no cover - click prints its own
+        err.print(str(exc))
+        sys.exit(2)
+    except Exception as exc:  # click usage errors arrive as ClickException
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Engines: everything hpc-grpo knows about one training framework lives in its module.
+
+An engine turns a RunSpec into the command that trains (`command`), names the launch template
+its job runs, and says which Hydra/CLI keys it owns. `get_engine(name)` is the only lookup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hpc_grpo.findings import Finding
+from hpc_grpo.spec import RunSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """One engine setting: its key, its value, and the recipe field it came from."""
+
+    key: str
+    value: Any
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCommand:
+    """The exact driver invocation: argv plus, for Hydra engines, config name and overrides."""
+
+    argv: list[str]
+    config_name: str = ""
+    overrides: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    name: str
+    launch_template: str
+
+    def command(self, spec: RunSpec) -> EngineCommand: ...
+
+    def check(self, spec: RunSpec) -> list[Finding]: ...
+
+
+def get_engine(name: str) -> Engine:
+    if name == "verl":
+        from hpc_grpo.engines.verl import VerlEngine
+
+        return VerlEngine()
+    if name == "trl":
+        from hpc_grpo.engines.trl import TrlEngine
+
+        return TrlEngine()
+    raise ValueError(f"unknown engine {name!r}: use verl or trl")

@@ -1,0 +1,376 @@
+"""Every pre-submit check. Each is a small function RunSpec -> findings.
+
+The batch rules mirror verl's own start-up checks (verl/utils/config.py::validate_config) so a
+job that would die in its first minute on the cluster dies here instead, with the key and fix.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpc_grpo.engines import get_engine
+from hpc_grpo.findings import Finding, error, has_errors, info, warning
+from hpc_grpo.models import ModelShape, resolve_shape
+from hpc_grpo.spec import RunSpec
+
+
+@dataclass
+class Layout:
+    """The numbers every other check and the plan table use."""
+
+    world_size: int
+    gpus_per_node: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    dp: int
+    rollout_tp: int
+
+
+@dataclass
+class Plan:
+    spec: RunSpec
+    layout: Layout
+    shape: ModelShape | None
+    findings: list[Finding] = field(default_factory=list)
+    memory: object | None = None
+    schema_checked: str = "skipped"
+
+    @property
+    def ok(self) -> bool:
+        return not has_errors(self.findings)
+
+
+def layout_of(spec: RunSpec) -> Layout:
+    r = spec.recipe
+    p = r.parallel
+    mp = p.tp * p.pp * p.cp if r.backend == "megatron" else 1
+    world = spec.world_size
+    return Layout(
+        world_size=world,
+        gpus_per_node=spec.gpus_per_node,
+        tp=p.tp,
+        pp=p.pp,
+        cp=p.cp,
+        ep=p.ep,
+        dp=world // mp if mp and world % mp == 0 else 0,
+        rollout_tp=p.rollout_tp,
+    )
+
+
+# ------------------------------------------------------------------------------------ resources
+def check_resources(spec: RunSpec, lay: Layout) -> list[Finding]:
+    r, c = spec.recipe, spec.cluster
+    out: list[Finding] = []
+    if r.resources.nodes > c.nodes_max:
+        out.append(error("resources.nodes", f"{r.resources.nodes} nodes asked, cluster '{c.name}' has {c.nodes_max}",
+                         f"use resources.nodes<={c.nodes_max} or a bigger cluster"))
+    if lay.gpus_per_node > c.gpus_per_node:
+        out.append(error("resources.gpus_per_node", f"{lay.gpus_per_node} GPUs per node asked, '{c.name}' nodes have {c.gpus_per_node}",
+                         f"use resources.gpus_per_node<={c.gpus_per_node}"))
+    if r.resources.time_min > c.time_max_min:
+        out.append(error("resources.time", f"{r.resources.time} exceeds the cluster's limit {c.time_max}",
+                         f"use resources.time<={c.time_max}; the job resumes from checkpoints after a time limit"))
+    if r.resources.cpus_per_task and r.resources.cpus_per_task > c.cpus_per_node:
+        out.append(error("resources.cpus_per_task", f"{r.resources.cpus_per_task} CPUs asked, nodes have {c.cpus_per_node}",
+                         f"use resources.cpus_per_task<={c.cpus_per_node}"))
+    if r.resources.mem_gb and r.resources.mem_gb > c.mem_per_node_gb:
+        out.append(error("resources.mem_gb", f"{r.resources.mem_gb} GB asked, nodes have {c.mem_per_node_gb:g} GB",
+                         f"use resources.mem_gb<={c.mem_per_node_gb:g}"))
+    if c.scheduler == "local" and r.resources.nodes > 1:
+        out.append(error("resources.nodes", "cluster 'local' has no scheduler and runs one node",
+                         "use resources.nodes=1 or a Slurm cluster"))
+    if r.engine == "verl" and lay.world_size == 0:
+        out.append(error("resources.gpus_per_node", f"verl needs GPUs and cluster '{c.name}' gives this job none",
+                         "use a GPU cluster profile, or the trl engine (recipe tiny-gsm8k) on CPU"))
+    if r.engine == "trl" and r.resources.nodes > 1:
+        out.append(error("resources.nodes", "the trl engine runs on one node", "use resources.nodes=1 or engine verl"))
+    return out
+
+
+# --------------------------------------------------------------------------------------- layout
+ADVICE = (  # field report 000's table: advice, never a rule
+    (7.5e9, False, (2, 1, 1), "<= 7B"),
+    (30e9, False, (4, 2, 1), "7B-30B"),
+    (float("inf"), False, (8, 4, 1), ">= 30B dense"),
+)
+
+
+def advice_for(shape: ModelShape) -> tuple[tuple[int, int, int], str]:
+    if shape.num_experts:
+        return (4, 2, 4), "MoE"
+    for limit, _, layout, label in ADVICE:
+        if shape.params < limit:
+            return layout, label
+    return ADVICE[-1][2], ADVICE[-1][3]
+
+
+def check_layout(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> list[Finding]:
+    r = spec.recipe
+    p = r.parallel
+    out: list[Finding] = []
+    if r.engine == "trl":
+        return out
+    if r.backend == "fsdp":
+        for key, value in (("tp", p.tp), ("pp", p.pp), ("cp", p.cp), ("ep", p.ep)):
+            if value != 1:
+                out.append(error(f"parallel.{key}", f"{key}={value} is a Megatron layout; the FSDP backend shards by data parallel only",
+                                 f"use backend=megatron, or parallel.{key}=1"))
+    else:
+        mp = p.tp * p.pp * p.cp
+        if lay.world_size and lay.world_size % mp:
+            out.append(error("parallel.tp", f"world size {lay.world_size} (nodes x GPUs per node) is not a multiple of "
+                             f"TP x PP x CP = {p.tp}x{p.pp}x{p.cp} = {mp}",
+                             "change resources.nodes / resources.gpus_per_node or the layout"))
+        if p.tp > lay.gpus_per_node > 0:
+            out.append(warning("parallel.tp", f"TP {p.tp} spans nodes ({lay.gpus_per_node} GPUs per node): tensor parallel "
+                               "traffic then crosses the network", f"keep parallel.tp<={lay.gpus_per_node}"))
+        if p.sequence_parallel and p.tp == 1:
+            out.append(warning("parallel.sequence_parallel", "sequence parallel needs TP > 1; Megatron turns it off",
+                               "drop parallel.sequence_parallel or raise parallel.tp"))
+        if p.vpp is not None and p.pp == 1:
+            out.append(error("parallel.vpp", "virtual pipeline stages need PP > 1", "drop parallel.vpp or raise parallel.pp"))
+    if lay.world_size and lay.world_size % p.rollout_tp:
+        out.append(error("parallel.rollout_tp", f"rollout world size {lay.world_size} is not divisible by rollout TP {p.rollout_tp}",
+                         "choose parallel.rollout_tp dividing the GPU count"))
+    if lay.gpus_per_node and lay.gpus_per_node % p.rollout_tp:
+        out.append(error("parallel.rollout_tp", f"rollout TP {p.rollout_tp} does not divide the {lay.gpus_per_node} GPUs per node",
+                         "choose parallel.rollout_tp dividing resources.gpus_per_node"))
+    if shape is None:
+        out.append(warning("model.path", f"model shape of {r.model.path!r} unknown: head/layer/expert divisibility not checked",
+                           "point model.path at a local folder with config.json, or use a model from `hpc-grpo plan --help`"))
+        return out
+    tp = p.tp if r.backend == "megatron" else 1
+    heads, kv = shape.num_attention_heads, shape.num_key_value_heads
+    if heads % tp:
+        out.append(error("parallel.tp", f"{shape.name} has {heads} attention heads, not divisible by TP {tp}",
+                         f"use a TP dividing {heads}"))
+    if kv % tp:
+        out.append(error("parallel.tp", f"{shape.name} has {kv} KV heads (query groups), not divisible by TP {tp}",
+                         f"use a TP dividing {kv}"))
+    rtp = p.rollout_tp
+    if heads % rtp or (kv % rtp and rtp % kv):
+        out.append(error("parallel.rollout_tp", f"vLLM cannot split {heads} heads / {kv} KV heads over rollout TP {rtp}",
+                         f"use a rollout TP dividing {heads} (and {kv}, or a multiple of it)"))
+    if r.backend == "megatron":
+        stages = p.pp * (p.vpp or 1)
+        if shape.num_hidden_layers % stages:
+            out.append(error("parallel.pp", f"{shape.name} has {shape.num_hidden_layers} layers, not divisible by PP x VPP = {stages}",
+                             f"use a PP (x VPP) dividing {shape.num_hidden_layers}"))
+        if p.ep > 1 and not shape.num_experts:
+            out.append(error("parallel.ep", f"{shape.name} is a dense model: expert parallel {p.ep} has nothing to split",
+                             "use parallel.ep=1"))
+        if shape.num_experts:
+            if shape.num_experts % p.ep:
+                out.append(error("parallel.ep", f"{shape.name} has {shape.num_experts} experts, not divisible by EP {p.ep}",
+                                 f"use an EP dividing {shape.num_experts}"))
+            etp = p.etp or p.tp
+            need = etp * p.ep * p.pp
+            if lay.world_size and lay.world_size % need:
+                out.append(error("parallel.etp", f"Megatron needs world size % (ETP x EP x PP) == 0: {lay.world_size} % "
+                                 f"({etp}x{p.ep}x{p.pp} = {need}) != 0", "set parallel.etp=1 or change EP/PP/nodes"))
+        advised, label = advice_for(shape)
+        if (p.tp, p.pp, p.ep) != advised:
+            out.append(info("parallel", f"field report 000 advises TP {advised[0]}, PP {advised[1]}"
+                            + (f", EP {advised[2]}" if shape.num_experts else "") + f" for {label} models; this recipe uses "
+                            f"TP {p.tp}, PP {p.pp}" + (f", EP {p.ep}" if shape.num_experts else ""), "advice only"))
+    return out
+
+
+# -------------------------------------------------------------------------------------- batches
+def check_batches(spec: RunSpec, lay: Layout) -> list[Finding]:
+    """verl's validate_config, restated: the same arithmetic, with the recipe's key names."""
+    r = spec.recipe
+    b, n = r.batch, r.grpo.n
+    out: list[Finding] = []
+    if r.engine == "trl":
+        if (b.train * n) % n or b.micro_per_gpu and (b.train * n) % b.micro_per_gpu:
+            out.append(error("batch.micro_per_gpu", f"trl needs the generation batch {b.train}x{n} divisible by the "
+                             f"per-device batch {b.micro_per_gpu}", "choose batch.micro_per_gpu dividing train x n"))
+        if b.micro_per_gpu and b.micro_per_gpu % n:
+            out.append(error("batch.micro_per_gpu", f"trl needs the per-device batch {b.micro_per_gpu} divisible by "
+                             f"num_generations {n}", "use a multiple of grpo.n"))
+        return out
+    if b.mini > b.train:
+        out.append(error("batch.mini", f"ppo_mini_batch_size {b.mini} > train_batch_size {b.train}",
+                         f"use batch.mini<={b.train}"))
+    if not lay.dp:
+        return out
+    if b.dynamic_bsz:
+        seq = r.data.max_prompt_length + r.data.max_response_length
+        if b.max_token_len_per_gpu is not None and b.max_token_len_per_gpu < seq:
+            out.append(error("batch.max_token_len_per_gpu", f"{b.max_token_len_per_gpu} tokens per GPU cannot hold one "
+                             f"sample of {seq} tokens (prompt + response)", f"use at least {seq}"))
+        if b.micro_per_gpu is not None:
+            out.append(info("batch.micro_per_gpu", "ignored with batch.dynamic_bsz (verl packs by tokens)", "drop it"))
+    else:
+        for key, value in (("batch.micro_per_gpu", b.micro_per_gpu), ("batch.log_prob_micro_per_gpu", b.log_prob_micro_per_gpu)):
+            if value is None:
+                out.append(error(key, "no micro-batch size: verl needs exactly one micro-batch setting per role",
+                                 f"set {key} or batch.dynamic_bsz=true"))
+        minimal = lay.dp * b.micro_per_gpu if (r.backend == "megatron" and b.micro_per_gpu) else lay.world_size
+        if minimal and (b.train * n) % minimal:
+            out.append(error("batch.train", f"train_batch_size x n = {b.train}x{n} = {b.train * n} is not divisible by "
+                             f"verl's minimal batch {minimal}", f"use a batch.train such that batch.train x {n} divides by {minimal}"))
+        if (b.mini * n) % lay.dp:
+            out.append(error("batch.mini", f"ppo_mini_batch_size x n = {b.mini * n} is not divisible by data-parallel size {lay.dp}",
+                             f"use a batch.mini such that batch.mini x {n} divides by {lay.dp}"))
+        elif b.micro_per_gpu:
+            per_gpu = b.mini * n // lay.dp
+            if per_gpu % b.micro_per_gpu:
+                out.append(error("batch.micro_per_gpu", f"per-GPU mini batch {per_gpu} is not divisible by micro batch {b.micro_per_gpu}",
+                                 f"use a batch.micro_per_gpu dividing {per_gpu}"))
+            elif r.parallel.vpp and (per_gpu // b.micro_per_gpu) % r.parallel.vpp:
+                out.append(error("parallel.vpp", f"{per_gpu // b.micro_per_gpu} micro-batches do not divide by VPP {r.parallel.vpp}",
+                                 "change batch.micro_per_gpu or parallel.vpp"))
+    for role in ("actor.ppo_micro_batch_size", "rollout.log_prob_micro_batch_size", "ref.log_prob_micro_batch_size"):
+        key = f"actor_rollout_ref.{role}"
+        if any(k.lstrip("+") == key for k in r.passthrough):
+            out.append(error(f"passthrough.{key}", "a second micro-batch setting for this role: verl needs exactly one",
+                             "drop it; hpc-grpo sets the *_per_gpu form from batch.*"))
+    return out
+
+
+# ----------------------------------------------------------------------------------- memory/disk
+def check_memory(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> tuple[list[Finding], object | None]:
+    r = spec.recipe
+    if r.engine != "verl" or shape is None or not lay.world_size:
+        return [], None
+    from hpc_grpo.memory import estimate_memory, memory_findings
+
+    seq = r.data.max_prompt_length + r.data.max_response_length
+    micro = r.batch.micro_per_gpu or 1
+    if r.batch.dynamic_bsz:
+        micro, seq = 1, r.batch.max_token_len_per_gpu or seq
+    est = estimate_memory(
+        shape,
+        backend=r.backend,
+        world_size=lay.world_size,
+        tp=lay.tp if r.backend == "megatron" else 1,
+        pp=lay.pp if r.backend == "megatron" else 1,
+        ep=lay.ep if r.backend == "megatron" else 1,
+        cp=lay.cp if r.backend == "megatron" else 1,
+        lora_rank=r.lora.rank,
+        param_offload=r.offload.param,
+        optimizer_offload=r.offload.optimizer,
+        ref_param_offload=r.offload.ref_param,
+        use_ref=r.grpo.kl_loss,
+        gpu_memory_utilization=r.rollout.gpu_memory_utilization,
+        gpu_memory_gb=spec.cluster.gpu_memory_gb,
+        micro_batch_per_gpu=micro,
+        seq_len=seq,
+        activation_checkpointing=r.model.gradient_checkpointing,
+        etp=r.parallel.etp if r.backend == "megatron" else None,
+        rollout_tp=r.parallel.rollout_tp,
+        sequence_parallel=r.parallel.sequence_parallel,
+        dynamic_bsz=r.batch.dynamic_bsz,
+    )
+    findings = memory_findings(est)
+    host_need = est.host_gib * lay.gpus_per_node
+    if host_need > spec.cluster.mem_per_node_gb:
+        findings.append(warning("offload", f"offloaded state needs ~{host_need:.0f} GiB of host memory per node; "
+                                f"cluster '{spec.cluster.name}' nodes have {spec.cluster.mem_per_node_gb:g} GB",
+                                "offload less, or use more nodes / a larger TP so each GPU holds less"))
+    return findings, est
+
+
+def checkpoint_gib(spec: RunSpec, shape: ModelShape | None) -> float | None:
+    """One checkpoint's size: bf16 weights + fp32 Adam of the trained parameters (+ LoRA: adapter only)."""
+    if shape is None:
+        return None
+    if spec.recipe.lora.rank:
+        return shape.params * 2 / 2**30 * 1.05  # verl's FSDP shards hold the base too; optimizer is adapter-only
+    return shape.params * (2 + 12) / 2**30
+
+
+def check_disk(spec: RunSpec, shape: ModelShape | None) -> list[Finding]:
+    r = spec.recipe
+    size = checkpoint_gib(spec, shape)
+    need = r.checkpoint.disk_gb or (size * (r.checkpoint.keep + 1) if size else None)
+    if need is None:
+        return []
+    root = Path(spec.run_dir)
+    probe = next((p for p in (root, root.parent, root.parent.parent) if p.exists()), None)
+    if probe is None:
+        return [info("checkpoint.keep", f"{r.checkpoint.keep} kept + 1 being written need ~{need:.0f} GiB; "
+                     f"{root.parent} is not visible here, so free space was not checked")]
+    free = shutil.disk_usage(probe).free / 2**30
+    msg = f"{r.checkpoint.keep} kept + 1 being written need ~{need:.0f} GiB; {probe} has {free:.0f} GiB free"
+    if need > free:
+        return [error("checkpoint.keep", msg, "lower checkpoint.keep, enable LoRA, or use a bigger runs_root")]
+    return [info("checkpoint.keep", msg)]
+
+
+# ------------------------------------------------------------------------------------ misc/env
+def check_environment(spec: RunSpec, for_submit: bool) -> list[Finding]:
+    r = spec.recipe
+    out: list[Finding] = []
+    if "wandb" in r.logging.logger and os.environ.get("WANDB_MODE") not in ("offline", "disabled"):
+        netrc = Path.home() / ".netrc"
+        has_key = bool(os.environ.get("WANDB_API_KEY")) or (netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore"))
+        if not has_key:
+            make = error if for_submit else warning
+            out.append(make("logging.logger", "W&B is on but no credentials were found (WANDB_API_KEY or ~/.netrc): "
+                            "the job would fail minutes in", "run `wandb login`, export WANDB_MODE=offline, or drop wandb"))
+    for key in ("train_files", "val_files"):
+        path = getattr(r.data, key)
+        if path.startswith("/") and not Path(path).exists():
+            make = error if (for_submit and spec.cluster.scheduler == "local") else warning
+            out.append(make(f"data.{key}", f"{path} does not exist here", "run `hpc-grpo data gsm8k` or fix the path"))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- plan
+def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Plan:
+    """All checks; the engine's own schema last (it is the slowest and needs verl's YAMLs)."""
+    lay = layout_of(spec)
+    try:
+        shape = resolve_shape(spec.recipe.model.path)
+        shape_error: list[Finding] = []
+    except ValueError as exc:
+        shape, shape_error = None, [error("model.path", f"cannot read the model's config.json: {exc}",
+                                          "point model.path at a complete Hugging Face model folder")]
+    plan = Plan(spec=spec, layout=lay, shape=shape, findings=shape_error)
+    checks: list[Callable[[], list[Finding]]] = [
+        lambda: check_resources(spec, lay),
+        lambda: check_layout(spec, lay, shape),
+        lambda: check_batches(spec, lay),
+        lambda: check_disk(spec, shape),
+        lambda: check_environment(spec, for_submit),
+    ]
+    for check in checks:
+        plan.findings.extend(check())
+    mem, plan.memory = check_memory(spec, lay, shape)
+    plan.findings.extend(mem)
+    engine = get_engine(spec.recipe.engine)
+    engine_findings = engine.check(spec)
+    plan.findings.extend(engine_findings)
+    if spec.recipe.engine == "verl" and schema:
+        plan.schema_checked, found = schema_check(spec, engine_findings)
+        plan.findings.extend(found)
+    elif spec.recipe.engine == "verl":
+        plan.schema_checked = "disabled (--no-schema)"
+    else:
+        plan.schema_checked = "not applicable (trl: GRPOConfig is built and checked in the job)"
+    return plan
+
+
+def schema_check(spec: RunSpec, already: list[Finding]) -> tuple[str, list[Finding]]:
+    """Compose against verl's YAMLs; keys the engine check already flagged are left out."""
+    from hpc_grpo.engines.verl import VerlEngine
+    from hpc_grpo.engines.verl_schema import compose_check, verl_config_dir, verl_version
+
+    folder = verl_config_dir()
+    if folder is None:
+        return "skipped: verl's config files are not installed (pip install --no-deps verl hydra-core omegaconf)", []
+    cmd = VerlEngine().command(spec)
+    flagged = {f.key.removeprefix("passthrough.") for f in already}
+    overrides = [o for o in cmd.overrides if o.split("=", 1)[0] not in flagged]
+    found = compose_check(cmd.config_name, overrides, folder)
+    status = f"composed against verl {verl_version()} '{cmd.config_name}': " + ("rejected" if found else "ok")
+    return status, found

@@ -1,0 +1,190 @@
+"""The one Jinja environment: StrictUndefined, one shell-quote filter, a generated-by header.
+
+Every `{{ ... }}` in a template must pass through the `sh` filter: `finalize` refuses any other
+output, so an unquoted value cannot slip into a script even by a template edit.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from hpc_grpo import __version__, registry
+from hpc_grpo.engines import get_engine
+from hpc_grpo.spec import RunSpec
+from hpc_grpo.yamlio import dump_yaml
+
+
+class Quoted(str):
+    """A string the `sh` filter produced: safe to paste into bash as one word (or words, for lists)."""
+
+
+def sh(value: Any) -> Quoted:
+    """Quote for bash. Lists become space-separated quoted words. None is a template bug."""
+    if value is None:
+        raise jinja2.UndefinedError("a None value reached a template; the spec should have refused it")
+    if isinstance(value, (list, tuple)):
+        return Quoted(" ".join(shlex.quote(str(v)) for v in value))
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    return Quoted(shlex.quote(str(value)))
+
+
+def _finalize(value: Any) -> Any:
+    if isinstance(value, jinja2.Undefined):
+        return value
+    if not isinstance(value, Quoted):
+        raise jinja2.TemplateError(f"unquoted value {value!r} in a template: pipe it through | sh")
+    return value
+
+
+@lru_cache(maxsize=4)
+def environment(folder: str | None = None) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(folder or str(registry.template_dir())),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        finalize=_finalize,
+        comment_start_string="{##",  # bash's ${#array[@]} must not open a Jinja comment
+        comment_end_string="##}",
+    )
+    env.filters["sh"] = sh
+    return env
+
+
+# --------------------------------------------------------------------------------- run layout
+def spec_path(spec: RunSpec) -> Path:
+    return spec.path / "spec.yaml"
+
+
+def scripts_dir(spec: RunSpec) -> Path:
+    return spec.path / "scripts"
+
+
+def submitit_dir(spec: RunSpec) -> Path:
+    return spec.path / "submitit"
+
+
+def submitit_command(folder: Path) -> str:
+    """The command submitit puts on the srun line (SlurmExecutor._submitit_command_str)."""
+    return " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+
+
+def recreate_command(spec: RunSpec) -> str:
+    parts = ["hpc-grpo", "render", f"recipe={spec.recipe.name}", f"cluster={spec.cluster.name}",
+             f"--name={spec.run_name}", *spec.overrides]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def sbatch_context(spec: RunSpec, command: str) -> dict[str, Any]:
+    """Everything the sbatch header needs, as plain values (the template quotes each)."""
+    r, c = spec.recipe, spec.cluster
+    res = r.resources
+    gpus = spec.gpus_per_node
+    folder = submitit_dir(spec)
+    sbatch: list[tuple[str, Any]] = [
+        ("job-name", spec.run_name),
+        ("nodes", res.nodes),
+        ("ntasks-per-node", 1),
+    ]
+    if gpus:
+        if c.gpu_request == "gres":
+            sbatch.append(("gres", f"gpu:{c.gpu_type}:{gpus}" if c.gpu_type else f"gpu:{gpus}"))
+        else:
+            sbatch.append(("gpus-per-node", f"{c.gpu_type}:{gpus}" if c.gpu_type else gpus))
+    sbatch.append(("cpus-per-task", res.cpus_per_task or c.cpus_per_node))
+    if res.mem_gb:
+        sbatch.append(("mem", f"{res.mem_gb}G"))
+    sbatch.append(("time", res.time_min))
+    for key, value in (("partition", res.partition or c.partition), ("account", res.account or c.account),
+                       ("qos", res.qos or c.qos)):
+        if value:
+            sbatch.append((key, value))
+    sbatch += [
+        ("signal", f"USR2@{c.signal_delay_s}"),
+        ("output", f"{folder}/%j_0_log.out"),
+        ("error", f"{folder}/%j_0_log.err"),
+        ("open-mode", "append"),
+    ]
+    srun = ["--unbuffered", "--output", f"{folder}/%j_%t_log.out", "--error", f"{folder}/%j_%t_log.err"]
+    if c.setup.container:
+        srun += [f"--container-image={c.setup.container}", f"--container-mounts={spec.run_dir}:{spec.run_dir}",
+                 "--no-container-mount-home"]
+    return {"sbatch": sbatch, "requeue": c.requeue, "srun_args": srun, "command": shlex.split(command)}
+
+
+def common_context(spec: RunSpec) -> dict[str, Any]:
+    return {
+        "version": __version__,
+        "run_name": spec.run_name,
+        "run_dir": spec.run_dir,
+        "recipe": spec.recipe.name,
+        "cluster": spec.cluster.name,
+        "recreate": recreate_command(spec),
+        "setup": spec.cluster.setup,
+        "env": spec.cluster.env,
+    }
+
+
+def launch_context(spec: RunSpec) -> dict[str, Any]:
+    engine = get_engine(spec.recipe.engine)
+    cmd = engine.command(spec)
+    driver = spec.recipe.launch.driver or cmd.argv
+    r = spec.recipe
+    return {
+        "driver": driver,
+        "driver_env": cmd.env,
+        "nodes": r.resources.nodes,
+        "gpus_per_node": spec.gpus_per_node,
+        "cpus_per_node": r.resources.cpus_per_task or spec.cluster.cpus_per_node,
+        "join_timeout_s": r.launch.ray_join_timeout_s,
+        "ray_dir": f"{spec.run_dir}/ray",
+    }
+
+
+def render_sbatch(spec: RunSpec, command: str | None = None) -> str:
+    """The batch script Slurm receives. `command` is submitit's; render time computes the same one."""
+    command = command or submitit_command(submitit_dir(spec))
+    tmpl = environment().get_template("sbatch.sh.j2")
+    return tmpl.render(**common_context(spec), **sbatch_context(spec, command))
+
+
+def render_launch(spec: RunSpec) -> str:
+    engine = get_engine(spec.recipe.engine)
+    tmpl = environment().get_template(engine.launch_template)
+    return tmpl.render(**common_context(spec), **launch_context(spec))
+
+
+def frozen_spec_text(spec: RunSpec) -> str:
+    header = f"# Frozen spec of run {spec.run_name} (hpc-grpo {__version__}). Re-create: {recreate_command(spec)}\n"
+    return header + dump_yaml(spec.model_dump(mode="json"))
+
+
+def render_all(spec: RunSpec) -> dict[str, str]:
+    """Every file a run is made from, by path relative to the run directory."""
+    return {
+        "spec.yaml": frozen_spec_text(spec),
+        "scripts/sbatch.sh": render_sbatch(spec),
+        "scripts/launch.sh": render_launch(spec),
+    }
+
+
+def write_files(root: Path, files: dict[str, str]) -> list[Path]:
+    """Write rendered files under root; scripts are made executable."""
+    written = []
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        if rel.endswith(".sh"):
+            path.chmod(0o755)
+        written.append(path)
+    return written

@@ -1,0 +1,101 @@
+"""GSM8K rewards with verl's exact scoring semantics (verl/utils/reward_score/gsm8k.py).
+
+The trl engine must score completions exactly as verl does on GPU, so a run on either engine
+reports the same reward for the same text. Stdlib only: this is imported by the CLI and by
+reward workers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "SOLUTION_CLIP_CHARS",
+    "extract_solution",
+    "gsm8k_reward",
+    "gsm8k_trl_reward",
+    "completion_text",
+]
+
+# verl only looks at the tail: regexes over very long rollouts are slow, and the answer is at the end.
+SOLUTION_CLIP_CHARS = 300
+
+_STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
+_FLEXIBLE_RE = re.compile(r"(\-?[0-9\.\,]+)")
+_FLEXIBLE_INVALID = ("", ".")
+
+
+def extract_solution(text: str, method: str = "strict") -> str | None:
+    """Return the answer verl would extract from `text`, or None if there is none.
+
+    strict: last `#### N` in the last 300 characters, with `,` and `$` removed (this also checks
+    the output format). flexible: the last number-like run in the last 300 characters that is
+    not "" or "." (commas kept, as verl does).
+    """
+    if method not in ("strict", "flexible"):
+        raise ValueError(f"unknown method {method!r}: use 'strict' or 'flexible'")
+    if len(text) > SOLUTION_CLIP_CHARS:
+        text = text[-SOLUTION_CLIP_CHARS:]
+    if method == "strict":
+        matches = _STRICT_RE.findall(text)
+        if not matches:
+            return None
+        return matches[-1].replace(",", "").replace("$", "")
+    for candidate in reversed(_FLEXIBLE_RE.findall(text)):
+        if candidate not in _FLEXIBLE_INVALID:
+            return candidate
+    # verl would return the last invalid candidate (e.g. ".") here; None says "no answer" honestly
+    # and scores the same (a "." never equals a numeric ground truth).
+    return None
+
+
+def gsm8k_reward(
+    solution_str: str,
+    ground_truth: str,
+    format_score: float = 0.0,
+    score: float = 1.0,
+    method: str = "strict",
+) -> float:
+    """verl's compute_score: `score` on exact string match, `format_score` if an answer was
+    extracted but is wrong, 0.0 if none was extracted. No numeric normalisation ("42.00" != "42")."""
+    answer = extract_solution(solution_str, method=method)
+    if answer is None:
+        return 0.0
+    return float(score) if answer == ground_truth else float(format_score)
+
+
+def completion_text(completion: Any) -> str:
+    """Text of one trl completion: a plain string, or a chat list whose last assistant message counts."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        return str(completion.get("content") or "")
+    if isinstance(completion, Sequence):
+        messages = [m for m in completion if isinstance(m, Mapping)]
+        assistant = [m for m in messages if m.get("role") == "assistant"]
+        chosen = assistant[-1] if assistant else (messages[-1] if messages else None)
+        if chosen is None:
+            return ""
+        content = chosen.get("content")
+        if isinstance(content, list):  # multimodal-style content parts
+            return "".join(
+                str(p.get("text", "")) for p in content if isinstance(p, Mapping) and p.get("type") == "text"
+            )
+        return str(content or "")
+    raise TypeError(f"unsupported completion type {type(completion).__name__}: expected str or list of messages")
+
+
+def gsm8k_trl_reward(
+    completions: Iterable[Any],
+    ground_truth: Iterable[Any],
+    **kwargs: Any,
+) -> list[float]:
+    """trl GRPOTrainer reward function: trl passes dataset columns by name, so the `ground_truth`
+    column of our trl rows arrives here; extra columns (prompts, completion_ids, ...) are ignored."""
+    completions = list(completions)
+    truths = list(ground_truth)
+    if len(completions) != len(truths):
+        raise ValueError(f"{len(completions)} completions but {len(truths)} ground truths")
+    return [gsm8k_reward(completion_text(c), str(gt)) for c, gt in zip(completions, truths)]

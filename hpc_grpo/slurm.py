@@ -1,0 +1,426 @@
+"""The one module through which every Slurm command goes.
+
+Why one place: every call gets a timeout (a hung slurmctld must not hang the CLI), every failure becomes one
+exception type that names the command and Slurm's own message, and the quirks of each command's output live
+next to each other instead of spread over the code base. Stdlib only: `hpc-grpo status` must answer instantly.
+
+Output formats: `sacct` has `--parsable2`; `sinfo` and `squeue` do not (22.05 rejects it), so they get an explicit
+`-o`/`-O` format with `|` between fields and `--noheader`. The `parse_*` helpers are pure functions of that text
+(unit-tested on sample output without a cluster).
+
+Environment: clients find the cluster through SLURM_CONF when it is not the system one (the slurm-dev cluster:
+`source .slurm-dev/env.sh`).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+__all__ = [
+    "SlurmError",
+    "PartitionLimits",
+    "JobInfo",
+    "LIVE_STATES",
+    "available",
+    "partition_limits",
+    "job_states",
+    "squeue_states",
+    "sacct_states",
+    "is_live",
+    "batch_script",
+    "cancel",
+    "parse_duration",
+    "parse_gres_gpus",
+    "normalize_state",
+    "parse_sinfo",
+    "parse_squeue",
+    "parse_sacct",
+]
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed, timed out or answered something we cannot use."""
+
+    def __init__(self, cmd: list[str], message: str, returncode: int | None = None) -> None:
+        self.cmd = list(cmd)
+        self.stderr = message
+        self.returncode = returncode
+        rc = "" if returncode is None else f" (exit {returncode})"
+        super().__init__(f"`{' '.join(cmd)}` failed{rc}: {message.strip() or 'no error message'}")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLimits:
+    """What one partition offers per node, so a plan can be checked before it reaches the queue."""
+
+    name: str
+    nodes: int
+    cpus_per_node: int
+    gpus_per_node: int
+    mem_per_node_mb: int
+    max_time_min: int | None  # None: no limit
+    gpu_type: str | None = None  # e.g. "a100" when gres names a type, else None
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """One allocation's state as squeue (live or recently finished) or sacct (history) reports it."""
+
+    job_id: str
+    state: str  # normalized: "CANCELLED by 0" -> "CANCELLED"
+    elapsed: str  # as Slurm prints it ("0:04", "1-02:03:04"); elapsed_s for seconds
+    exit_code: str  # "code:signal" as sacct prints it ("0:0", "3:0", "0:9"); "" if unknown
+    nodelist: str  # "node[1-2]"; "" while pending
+    reason: str  # "None", "Resources", "BeginTime", ...
+    source: str = "squeue"  # "squeue" or "sacct"
+
+    @property
+    def elapsed_s(self) -> int | None:
+        return parse_duration(self.elapsed)
+
+    @property
+    def live(self) -> bool:
+        return is_live(self.state)
+
+
+# States in which a job still holds, or will again hold, an allocation: its run must not be started twice.
+# PREEMPTED is not here: a job requeued by preemption goes RUNNING -> PENDING in squeue (measured, 22.05), and a
+# PREEMPTED row from sacct is either an earlier allocation or a job preempted with PreemptMode=CANCEL (final).
+LIVE_STATES: frozenset[str] = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "CONFIGURING",
+        "COMPLETING",
+        "SUSPENDED",
+        "RESIZING",
+        "STOPPED",
+        "SIGNALING",
+        "STAGE_OUT",
+        "RESV_DEL_HOLD",
+        "SPECIAL_EXIT",
+        "POWER_UP_NODE",
+    }
+)
+
+_JOB_ID = re.compile(r"^\d+(?:[_+]\d+)?$")
+_SQUEUE_FORMAT = "JobID:|,State:|,TimeUsed:|,exit_code:|,NodeList:|,Reason:|"
+_SACCT_FIELDS = "JobID,State,Elapsed,ExitCode,NodeList,Reason"
+_SINFO_FORMAT = "%P|%D|%c|%G|%m|%l"
+
+
+# ------------------------------------------------------------------------------------------------------ running
+
+
+def _run(args: list[str], timeout: float = 20) -> str:
+    """Run one Slurm command and return its stdout; raise SlurmError on a non-zero exit, a timeout or no binary.
+
+    Every Slurm call goes through here so that none can hang (sinfo blocks for seconds while slurmctld is down)
+    and every error message carries the command and Slurm's stderr.
+    """
+    return _run_full(args, timeout)[0]
+
+
+def _run_full(args: list[str], timeout: float = 20) -> tuple[str, str]:
+    """_run that also returns stderr, for commands that report errors with exit status 0 (scontrol write)."""
+    try:
+        proc = subprocess.run(
+            args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+        )
+    except FileNotFoundError as e:
+        raise SlurmError(args, f"{args[0]} not found on PATH (is Slurm installed here?)") from e
+    except subprocess.TimeoutExpired as e:
+        raise SlurmError(args, f"timed out after {timeout:g}s (slurmctld down or overloaded?)") from e
+    if proc.returncode != 0:
+        raise SlurmError(args, proc.stderr or proc.stdout, proc.returncode)
+    return proc.stdout, proc.stderr
+
+
+def _check_ids(job_ids: list[str]) -> list[str]:
+    out: list[str] = []
+    for j in job_ids:
+        j = str(j).strip()
+        if not _JOB_ID.match(j):
+            raise ValueError(f"not a Slurm job id: {j!r} (expected digits, optionally _N or +N)")
+        if j not in out:
+            out.append(j)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ parsing
+
+
+def parse_duration(text: str) -> int | None:
+    """Seconds in a Slurm time string; None for no limit or unknown.
+
+    Slurm prints "M:SS", "H:MM:SS", "D-HH:MM:SS" and accepts "M" (minutes), "D-H", "D-H:M" on input.
+    """
+    t = text.strip()
+    if not t or t.upper() in {"INFINITE", "UNLIMITED", "NONE", "N/A", "(NULL)", "INVALID", "UNKNOWN"}:
+        return None
+    days = 0
+    if "-" in t:
+        d, _, t = t.partition("-")
+        if not d.isdigit():
+            raise ValueError(f"not a Slurm time: {text!r}")
+        days = int(d)
+        parts = t.split(":")
+        if len(parts) == 1:  # D-H
+            parts = [parts[0], "0", "0"]
+        elif len(parts) == 2:  # D-H:M
+            parts = [*parts, "0"]
+    else:
+        parts = t.split(":")
+        if len(parts) == 1:  # M
+            parts = ["0", parts[0], "0"]
+        elif len(parts) == 2:  # M:S
+            parts = ["0", *parts]
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"not a Slurm time: {text!r}")
+    h, m, s = (int(p) for p in parts)
+    return ((days * 24 + h) * 60 + m) * 60 + s
+
+
+def parse_gres_gpus(gres: str) -> tuple[int, str | None]:
+    """(GPUs per node, GPU type or None) from a gres string such as "gpu:4", "gpu:a100:8(S:0-1),shard:8"."""
+    total = 0
+    gtype: str | None = None
+    # split on commas that are not inside parentheses ("gpu:a100:4(S:0-1)")
+    for item in re.split(r",(?![^()]*\))", gres.strip()):
+        item = re.sub(r"\(.*?\)", "", item).strip()
+        fields = item.split(":")
+        if fields[0] != "gpu" or len(fields) < 2:
+            continue
+        count = re.match(r"\d+", fields[-1])
+        if not count:
+            continue
+        total += int(count.group())
+        if len(fields) >= 3 and gtype is None:
+            gtype = fields[1]
+    return total, gtype
+
+
+def _leading_int(text: str) -> int:
+    m = re.match(r"\d+", text.strip())
+    return int(m.group()) if m else 0
+
+
+def normalize_state(state: str) -> str:
+    """The bare state word: "CANCELLED by 0" -> "CANCELLED", "cancelled+" -> "CANCELLED"."""
+    words = state.strip().split()
+    return words[0].rstrip("+").upper() if words else "UNKNOWN"
+
+
+def _exit_from_wait_status(text: str) -> str:
+    """squeue's exit_code is the raw wait status (768 = exit 3, 9 = signal 9); print it the way sacct does."""
+    t = text.strip()
+    if not t.isdigit():
+        return t if ":" in t else ""
+    st = int(t)
+    return f"{(st >> 8) & 0xFF}:{st & 0x7F}"
+
+
+def parse_sinfo(text: str, partition: str | None) -> PartitionLimits:
+    """PartitionLimits from `sinfo -h -o '%P|%D|%c|%G|%m|%l'` output.
+
+    A partition with different kinds of nodes prints several lines: nodes are added up and the per-node
+    numbers are the smallest ones, so a plan that fits them fits every node. `partition=None` picks the default
+    partition (the one sinfo marks with "*").
+    """
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = line.split("|")
+        if len(f) < 6:
+            raise ValueError(f"unexpected sinfo line: {line!r}")
+        name = f[0].strip()
+        default = name.endswith("*")
+        name = name.rstrip("*")
+        if (partition is None and default) or name == partition:
+            rows.append((name, f))
+    if not rows:
+        what = f"partition {partition!r}" if partition else "default partition"
+        raise LookupError(f"sinfo reports no {what}")
+    name = rows[0][0]
+    nodes = sum(_leading_int(f[1]) for _, f in rows)
+    cpus = min(_leading_int(f[2]) for _, f in rows)
+    gpus_types = [parse_gres_gpus(f[3]) for _, f in rows]
+    gpus = min(g for g, _ in gpus_types)
+    gtype = next((t for _, t in gpus_types if t), None)
+    mem = min(_leading_int(f[4]) for _, f in rows)
+    limits = [parse_duration(f[5]) for _, f in rows]
+    max_s = None if any(v is None for v in limits) else max(v for v in limits if v is not None)
+    return PartitionLimits(
+        name=name,
+        nodes=nodes,
+        cpus_per_node=cpus,
+        gpus_per_node=gpus,
+        mem_per_node_mb=mem,
+        max_time_min=None if max_s is None else max_s // 60,
+        gpu_type=gtype,
+    )
+
+
+def parse_squeue(text: str) -> dict[str, JobInfo]:
+    """JobInfo per job from `squeue -h -O 'JobID:|,State:|,TimeUsed:|,exit_code:|,NodeList:|,Reason:|'`."""
+    out: dict[str, JobInfo] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = [x.strip() for x in line.split("|")]
+        if len(f) < 6:
+            raise ValueError(f"unexpected squeue line: {line!r}")
+        jid, state, elapsed, code, nodes, reason = f[:6]
+        out[jid] = JobInfo(
+            job_id=jid,
+            state=normalize_state(state),
+            elapsed=elapsed,
+            exit_code=_exit_from_wait_status(code),
+            nodelist="" if nodes in {"", "(null)"} else nodes,
+            reason=reason,
+            source="squeue",
+        )
+    return out
+
+
+def parse_sacct(text: str) -> dict[str, JobInfo]:
+    """JobInfo per allocation from `sacct --parsable2 --noheader -X -o JobID,State,Elapsed,ExitCode,NodeList,Reason`.
+
+    Step rows ("123.batch", "123.0") are skipped should -X be missing; with duplicate ids the last row wins.
+    """
+    out: dict[str, JobInfo] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = line.split("|")
+        if len(f) < 6:
+            raise ValueError(f"unexpected sacct line: {line!r}")
+        jid, state, elapsed, code, nodes, reason = (x.strip() for x in f[:6])
+        if "." in jid:
+            continue
+        out[jid] = JobInfo(
+            job_id=jid,
+            state=normalize_state(state),
+            elapsed=elapsed,
+            exit_code=code,
+            nodelist="" if nodes in {"", "None assigned", "(null)"} else nodes,
+            reason=reason,
+            source="sacct",
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ queries
+
+
+def available() -> bool:
+    """True when Slurm clients are installed and a controller answers (decides local vs Slurm, skips tests)."""
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        _run(["sinfo", "--noheader", "-o", "%P"], timeout=10)
+    except SlurmError:
+        return False
+    return True
+
+
+def partition_limits(partition: str | None) -> PartitionLimits:
+    """Nodes, CPUs, GPUs, memory and time limit of a partition (None: the default one), to check a plan against."""
+    args = ["sinfo", "--noheader", "-o", _SINFO_FORMAT]
+    if partition:
+        args += ["-p", partition]
+    text = _run(args)
+    try:
+        return parse_sinfo(text, partition)
+    except LookupError as e:
+        raise SlurmError(args, f"{e}; `sinfo -s` lists the partitions") from e
+
+
+def squeue_states(job_ids: list[str]) -> dict[str, JobInfo]:
+    """States of the jobs slurmctld still remembers (live ones, and finished ones for MinJobAge seconds).
+
+    squeue exits non-zero with "Invalid job id specified" when it knows none of the ids: that is an empty answer.
+    """
+    ids = _check_ids(job_ids)
+    if not ids:
+        return {}
+    args = ["squeue", "--noheader", "--states=all", "-j", ",".join(ids), "-O", _SQUEUE_FORMAT]
+    try:
+        text = _run(args)
+    except SlurmError as e:
+        if "invalid job id" in e.stderr.lower():
+            return {}
+        raise
+    return parse_squeue(text)
+
+
+def sacct_states(job_ids: list[str]) -> dict[str, JobInfo]:
+    """States from accounting (-X: allocations, not steps), for jobs squeue has already forgotten.
+
+    Returns {} when accounting is disabled on the cluster (then an old job's state is unknowable).
+    """
+    ids = _check_ids(job_ids)
+    if not ids:
+        return {}
+    args = ["sacct", "--parsable2", "--noheader", "-X", "-j", ",".join(ids), "-o", _SACCT_FIELDS]
+    try:
+        text = _run(args, timeout=30)
+    except SlurmError as e:
+        if "accounting storage is disabled" in e.stderr.lower():
+            return {}
+        raise
+    return parse_sacct(text)
+
+
+def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
+    """State of each job: squeue first (current truth), then sacct for the ids squeue no longer knows.
+
+    Keys are job ids as Slurm prints them; an id that neither knows is absent from the result.
+    """
+    ids = _check_ids(job_ids)
+    found = squeue_states(ids)
+    missing = [j for j in ids if j not in found]
+    if missing:
+        for jid, info in sacct_states(missing).items():
+            found.setdefault(jid, info)
+    return found
+
+
+def is_live(state: str) -> bool:
+    """True while the job holds or will hold an allocation again (pending, running, requeued, suspended...)."""
+    return normalize_state(state) in LIVE_STATES
+
+
+def batch_script(job_id: str) -> str:
+    """The batch script slurmctld holds for a job (what really ran, for `status` and debugging).
+
+    scontrol exits 0 even for an unknown job, printing only to stderr: an empty script is an error.
+    """
+    (jid,) = _check_ids([job_id])
+    args = ["scontrol", "write", "batch_script", jid, "-"]
+    out, err = _run_full(args)
+    if not out:
+        raise SlurmError(args, err or f"no batch script for job {jid} (finished more than MinJobAge ago?)")
+    return out
+
+
+def cancel(job_id: str, signal: str | None = None) -> None:
+    """Cancel a job, or with `signal` (e.g. "USR2": submitit's checkpoint-and-requeue) only signal its steps.
+
+    Cancelling a job that already ended is not an error (scancel exits 0).
+    """
+    (jid,) = _check_ids([job_id])
+    args = ["scancel"]
+    if signal:
+        if not re.fullmatch(r"(SIG)?[A-Z0-9]+", signal):
+            raise ValueError(f"not a signal name: {signal!r}")
+        args.append(f"--signal={signal}")
+    args.append(jid)
+    _run(args)

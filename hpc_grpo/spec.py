@@ -1,0 +1,421 @@
+"""Typed recipes, cluster profiles and the resolved RunSpec a run is made from.
+
+Every model forbids unknown keys: a typo in a recipe must fail at the login node with the
+closest valid key, not be ignored and discovered hours into a job.
+"""
+
+from __future__ import annotations
+
+import difflib
+import getpass
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hpc_grpo.yamlio import SpecError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
+
+
+def check_name(value: str, what: str) -> str:
+    """Names become folder and job names: no path separators, no `..`, no shell metacharacters."""
+    if not isinstance(value, str) or not NAME_RE.match(value) or ".." in value:
+        raise SpecError(
+            f"invalid {what} name {value!r}: use letters, digits, '.', '_' and '-' only "
+            "(no '/', no '..', at most 80 characters)",
+            key=what,
+        )
+    return value
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, validate_default=True)
+
+
+PosInt = Field(gt=0)
+
+
+# --------------------------------------------------------------------------------------- recipe
+def _expand(value: str) -> str:
+    """`~` and `$VAR` expanded; $USER falls back to the login name (containers often leave it unset)."""
+    env = dict(os.environ)
+    env.setdefault("USER", getpass.getuser())
+    expanded = re.sub(
+        r"\$(\w+)|\$\{(\w+)\}",
+        lambda m: env.get(m.group(1) or m.group(2), m.group(0)),
+        value,
+    )
+    return os.path.expanduser(expanded)
+
+
+def expand_path(value: str) -> str:
+    """Expand `~` and `$VAR` now, on the login node: the job script quotes paths, so no shell would."""
+    if not isinstance(value, str) or not ("~" in value or "$" in value):
+        return value
+    expanded = _expand(value)
+    if "$" in expanded:
+        raise ValueError(f"{value!r} names an environment variable that is not set")
+    return expanded
+
+
+class ModelCfg(Strict):
+    """The policy model: a Hub id or a local folder (config.json gives its shape)."""
+
+    path: str = Field(min_length=1)
+    dtype: Literal["bfloat16", "float16"] = "bfloat16"
+    gradient_checkpointing: bool = True
+    use_remove_padding: bool = True
+    trust_remote_code: bool = False
+
+    _expand = field_validator("path")(classmethod(lambda cls, v: expand_path(v)))
+
+
+class DataCfg(Strict):
+    """Prompt files and length limits (verl: data.*)."""
+
+    train_files: str = Field(min_length=1)
+    val_files: str = Field(min_length=1)
+    max_prompt_length: int = Field(default=512, gt=0)
+    max_response_length: int = Field(default=1024, gt=0)
+    filter_overlong_prompts: bool = True
+    truncation: Literal["error", "left", "right", "middle"] = "error"
+    shuffle: bool = True
+
+    _expand = field_validator("train_files", "val_files")(classmethod(lambda cls, v: expand_path(v)))
+
+
+TIME_RE = re.compile(r"^(?:(\d+)-)?(\d{1,3}):(\d{2})(?::(\d{2}))?$")
+
+
+def parse_time_minutes(value: str | int) -> int:
+    """Slurm time ('D-HH:MM:SS', 'HH:MM:SS', 'HH:MM' or minutes) -> whole minutes."""
+    if isinstance(value, bool):
+        raise ValueError("time must be minutes or 'HH:MM:SS', not a boolean")
+    if isinstance(value, int):
+        minutes = value
+    else:
+        m = TIME_RE.match(str(value).strip())
+        if not m:
+            raise ValueError(f"time {value!r} is not 'D-HH:MM:SS', 'HH:MM:SS' or minutes")
+        days, hours, mins, secs = (int(g) if g else 0 for g in m.groups())
+        if mins >= 60 or secs >= 60:
+            raise ValueError(f"time {value!r}: minutes and seconds must be below 60")
+        minutes = days * 1440 + hours * 60 + mins + (1 if secs else 0)
+    if minutes <= 0:
+        raise ValueError(f"time {value!r} must be positive")
+    return minutes
+
+
+class Resources(Strict):
+    """What to ask Slurm for. gpus_per_node defaults to the cluster's."""
+
+    nodes: int = Field(default=1, gt=0)
+    gpus_per_node: int | None = Field(default=None, ge=0)
+    time: str = "04:00:00"
+    cpus_per_task: int | None = Field(default=None, gt=0)
+    mem_gb: int | None = Field(default=None, gt=0)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time(cls, v: Any) -> str:
+        parse_time_minutes(v)
+        return str(v)
+
+    @property
+    def time_min(self) -> int:
+        return parse_time_minutes(int(self.time) if self.time.isdigit() else self.time)
+
+
+class Parallel(Strict):
+    """Model-parallel layout. tp/pp/cp/ep/vpp are Megatron's; FSDP uses only rollout_tp (and sp)."""
+
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    cp: int = Field(default=1, gt=0)
+    ep: int = Field(default=1, gt=0)
+    etp: int | None = Field(default=None, gt=0)
+    vpp: int | None = Field(default=None, gt=0)
+    sequence_parallel: bool = False
+    rollout_tp: int = Field(default=1, gt=0)
+
+
+class Grpo(Strict):
+    """The GRPO algorithm: group size, KL regularisation, learning rate."""
+
+    n: int = Field(default=5, ge=2, description="responses per prompt (group size)")
+    kl_loss: bool = True
+    kl_coef: float = Field(default=0.001, ge=0)
+    kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl", "full"] = "low_var_kl"
+    lr: float = Field(default=1e-6, gt=0, lt=1)
+    entropy_coeff: float = Field(default=0.0, ge=0)
+    norm_adv_by_std: bool = True
+    temperature: float = Field(default=1.0, gt=0)
+
+
+class Batch(Strict):
+    """Batch sizes in prompts (train, mini) and samples per GPU (micro)."""
+
+    train: int = Field(default=1024, gt=0)
+    mini: int = Field(default=256, gt=0)
+    micro_per_gpu: int | None = Field(default=4, gt=0)
+    log_prob_micro_per_gpu: int | None = Field(default=8, gt=0)
+    dynamic_bsz: bool = False
+    max_token_len_per_gpu: int | None = Field(default=None, gt=0)
+
+
+class Offload(Strict):
+    """CPU offload of the actor's parameters/optimizer and the reference model's parameters."""
+
+    param: bool = False
+    optimizer: bool = False
+    ref_param: bool = True
+
+
+class Lora(Strict):
+    """LoRA adapter (rank 0 = full fine-tuning)."""
+
+    rank: int = Field(default=0, ge=0)
+    alpha: int = Field(default=16, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: str | list[str] = "all-linear"
+
+
+class Rollout(Strict):
+    """The generation engine used for rollouts."""
+
+    name: Literal["vllm", "sglang", "hf"] = "vllm"
+    gpu_memory_utilization: float = Field(default=0.6, gt=0, le=1)
+    load_format: str | None = None
+    layered_summon: bool = False
+
+
+class Checkpoint(Strict):
+    """How often to save and how many checkpoints to keep on disk."""
+
+    save_freq: int = Field(default=50, gt=0)
+    keep: int = Field(default=3, gt=0)
+    disk_gb: float | None = Field(default=None, gt=0, description="free space to require")
+
+
+class Train(Strict):
+    """Length of training: epochs, or an explicit step count (which wins, as in verl)."""
+
+    total_epochs: int = Field(default=5, gt=0)
+    total_training_steps: int | None = Field(default=None, gt=0)
+    test_freq: int = Field(default=-1, ge=-1)
+    val_before_train: bool = False
+    seed: int = Field(default=0, ge=0)
+
+
+class Logging(Strict):
+    """Loggers and the W&B project. The W&B run id is the run's name, so requeues continue one run."""
+
+    logger: list[Literal["console", "wandb", "tensorboard"]] = ["console"]
+    project: str = "hpc-grpo"
+    experiment: str | None = None
+
+
+class Eval(Strict):
+    """GSM8K evaluation after training (lm-eval)."""
+
+    enabled: bool = True
+    limit: int | None = Field(default=None, gt=0)
+    num_fewshot: int = Field(default=5, ge=0)
+
+
+class Launch(Strict):
+    """Replace the engine's driver command (a probe in tests, a custom entry point)."""
+
+    driver: list[str] | None = None
+    ray_join_timeout_s: int = Field(default=180, gt=0)
+
+
+class Recipe(Strict):
+    """One training recipe: model, data, layout, algorithm, batches, checkpointing."""
+
+    name: str
+    description: str = ""
+    engine: Literal["verl", "trl"] = "verl"
+    backend: Literal["fsdp", "megatron"] = "fsdp"
+    model: ModelCfg
+    data: DataCfg
+    resources: Resources = Resources()
+    parallel: Parallel = Parallel()
+    grpo: Grpo = Grpo()
+    batch: Batch = Batch()
+    offload: Offload = Offload()
+    lora: Lora = Lora()
+    rollout: Rollout = Rollout()
+    checkpoint: Checkpoint = Checkpoint()
+    train: Train = Train()
+    logging: Logging = Logging()
+    eval: Eval = Eval()
+    launch: Launch = Launch()
+    passthrough: dict[str, Any] = Field(
+        default_factory=dict, description="engine keys the schema does not model, verbatim"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v) or ".." in v:
+            raise ValueError("use letters, digits, '.', '_' and '-' only")
+        return v
+
+
+# -------------------------------------------------------------------------------------- cluster
+class Setup(Strict):
+    """Environment set-up before the job runs; each value is quoted into the script."""
+
+    modules: list[str] = []
+    venv: str | None = None
+    conda: str | None = None
+    container: str | None = None
+
+    _expand = field_validator("venv", "conda")(
+        classmethod(lambda cls, v: None if v is None else expand_path(v))
+    )
+
+
+class Cluster(Strict):
+    """One cluster profile: scheduler, partition, node shape, NCCL/network env, scratch root."""
+
+    name: str
+    description: str = ""
+    scheduler: Literal["slurm", "local"] = "slurm"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    nodes_max: int = Field(default=1, gt=0)
+    gpus_per_node: int = Field(default=0, ge=0)
+    gpu_type: str | None = None
+    gpu_memory_gb: float = Field(default=80, gt=0)
+    cpus_per_node: int = Field(default=8, gt=0)
+    mem_per_node_gb: float = Field(default=64, gt=0)
+    gpu_request: Literal["gpus-per-node", "gres"] = "gpus-per-node"
+    time_max: str = "2-00:00:00"
+    signal_delay_s: int = Field(default=120, ge=0)
+    requeue: bool = True
+    runs_root: str = "~/hpc-grpo-runs"
+    setup: Setup = Setup()
+    env: dict[str, str] = {}
+
+    @field_validator("time_max", mode="before")
+    @classmethod
+    def _time(cls, v: Any) -> str:
+        parse_time_minutes(v)
+        return str(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if key in SECRET_ENV:
+                raise ValueError(f"{key} is a secret: it must come from the job's environment, never a profile")
+        return v
+
+    @property
+    def time_max_min(self) -> int:
+        return parse_time_minutes(int(self.time_max) if self.time_max.isdigit() else self.time_max)
+
+    def runs_root_path(self) -> Path:
+        """runs_root with ~ and $VARS expanded; an unset variable is an error, not a literal '$'."""
+        expanded = _expand(self.runs_root)
+        if "$" in expanded:
+            raise SpecError(
+                f"{self.runs_root!r} names an environment variable that is not set; "
+                "set it or write an absolute path",
+                key="cluster.runs_root",
+            )
+        return Path(expanded).absolute()
+
+
+SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+# -------------------------------------------------------------------------------------- run spec
+class RunSpec(Strict):
+    """The frozen spec a run is made from: recipe and cluster resolved, with the run's place."""
+
+    version: str
+    run_name: str
+    run_dir: str
+    created: str
+    recipe: Recipe
+    cluster: Cluster
+    overrides: list[str] = []
+
+    @property
+    def path(self) -> Path:
+        return Path(self.run_dir)
+
+    @property
+    def gpus_per_node(self) -> int:
+        r = self.recipe.resources.gpus_per_node
+        return self.cluster.gpus_per_node if r is None else r
+
+    @property
+    def world_size(self) -> int:
+        return self.recipe.resources.nodes * self.gpus_per_node
+
+
+def default_run_name(recipe_name: str, now: float | None = None) -> str:
+    return f"{recipe_name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
+
+
+# ------------------------------------------------------------------------------- error handling
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """Walk a pydantic model class along an error location to the model that owns the last key."""
+    current: type[BaseModel] = model
+    for part in loc[:-1]:
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            current = ann
+        else:
+            return None
+    return current
+
+
+def did_you_mean(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    owner = _model_at(model, loc)
+    if owner is None:
+        return ""
+    names = list(owner.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.5)
+    if close:
+        return f"did you mean '{'.'.join(map(str, (*loc[:-1], close[0])))}'? "
+    return f"valid keys here: {', '.join(names)}. "
+
+
+def validation_error(
+    exc: ValidationError, model: type[BaseModel], where: dict[str, str], prefix: str = ""
+) -> SpecError:
+    """Turn pydantic's error into one message per bad key: where it was set, what is wrong, the fix."""
+    parts: list[str] = []
+    first_key = ""
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        key = prefix + ".".join(str(p) for p in loc)
+        first_key = first_key or key
+        origin = where.get(".".join(str(p) for p in loc), "")
+        origin = f" ({origin})" if origin else ""
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key{origin}; {did_you_mean(model, loc)}".rstrip()
+        elif err["type"] == "missing":
+            msg = f"required key is missing{origin}"
+        else:
+            msg = f"{err['msg']}, got {err.get('input')!r}{origin}"
+        parts.append(f"{key}: {msg}")
+    return SpecError("\n  ".join(parts), key=first_key)
