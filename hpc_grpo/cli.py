@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from hpc_grpo import registry
 from hpc_grpo.findings import Finding, Severity
@@ -32,8 +30,33 @@ model_app = typer.Typer(help="Build local models for machines without the Huggin
 app.add_typer(data_app, name="data")
 app.add_typer(model_app, name="model")
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+class _LazyConsole:
+    """rich costs ~50 ms to import: load it on first print, so `--json` and errors stay fast."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True)
+        return getattr(self._console, name)
+
+
+def Table(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - stands in for rich.table.Table
+    from rich.table import Table as RichTable
+
+    return RichTable(*args, **kwargs)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+out: Any = _LazyConsole(stderr=False)
+err: Any = _LazyConsole(stderr=True)
 
 ArgsT = Annotated[Optional[list[str]], typer.Argument(help="recipe=NAME [cluster=NAME] [key=value ...]", show_default=False)]
 JsonT = Annotated[bool, typer.Option("--json", help="machine-readable output")]
@@ -72,7 +95,7 @@ def _resolve(args: list[str] | None, name: str | None):
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "dim"}
 
 
-def print_findings(findings: list[Finding], console: Console = out) -> None:
+def print_findings(findings: list[Finding], console: Any = out) -> None:
     if not findings:
         console.print("No findings.")
         return
@@ -149,7 +172,7 @@ def recipes(as_json: JsonT = False) -> None:
                      "model": (data.get("model") or {}).get("path", ""), "description": data.get("description", ""),
                      "path": str(registry.find("recipes", name))})
     if as_json:
-        out.print_json(json.dumps(rows))
+        print_json(rows)
         return
     t = Table(title="Recipes")
     for col in ("name", "engine", "backend", "model", "description"):
@@ -172,7 +195,7 @@ def clusters(as_json: JsonT = False) -> None:
                      "gpu": data.get("gpu_type"), "description": data.get("description", ""),
                      "path": str(registry.find("clusters", name))})
     if as_json:
-        out.print_json(json.dumps(rows))
+        print_json(rows)
         return
     t = Table(title="Clusters")
     for col in ("name", "scheduler", "partition", "nodes", "GPUs/node", "description"):
@@ -190,7 +213,7 @@ def plan(args: ArgsT = None, as_json: JsonT = False, schema: SchemaT = True, nam
 
     result = run_plan(_resolve(args, name), schema=schema)
     if as_json:
-        out.print_json(json.dumps(plan_json(result)))
+        print_json(plan_json(result))
     else:
         print_plan(result)
     raise typer.Exit(0 if result.ok else 1)

@@ -6,6 +6,7 @@ output, so an unquoted value cannot slip into a script even by a template edit.
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from functools import lru_cache
@@ -17,11 +18,39 @@ import jinja2
 from hpc_grpo import __version__, registry
 from hpc_grpo.engines import get_engine
 from hpc_grpo.spec import RunSpec
-from hpc_grpo.yamlio import dump_yaml
+from hpc_grpo.yamlio import SpecError, dump_yaml
 
 
 class Quoted(str):
     """A string the `sh` filter produced: safe to paste into bash as one word (or words, for lists)."""
+
+
+# Characters a quoted word must not carry literally: C0 controls and DEL (a newline would end a comment or an
+# #SBATCH line early, so the rest of the value would run as code), C1 controls and U+2028/U+2029 (YAML reads
+# them as line breaks, and the re-create command is also a comment in spec.yaml).
+_ESCAPE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def quote_word(text: str) -> str:
+    """One bash word that is exactly `text`, on one line.
+
+    shlex.quote, unless `text` holds a character of _ESCAPE: then bash's ANSI-C form $'...', with each such
+    character written as the \\xHH escapes of its UTF-8 bytes (bytes, so the value does not depend on the
+    job's locale, as bash's \\u escapes would). NUL cannot be in a bash string at all and is refused.
+    """
+    if "\0" in text:
+        raise SpecError(f"{text!r} contains a NUL character, which no shell variable or argument can hold")
+    if not _ESCAPE.search(text):
+        return shlex.quote(text)
+    body = []
+    for ch in text:
+        if ch in "\\'":
+            body.append("\\" + ch)
+        elif _ESCAPE.match(ch):
+            body.append("".join(f"\\x{b:02x}" for b in ch.encode("utf-8")))
+        else:
+            body.append(ch)
+    return "$'" + "".join(body) + "'"
 
 
 def sh(value: Any) -> Quoted:
@@ -29,10 +58,12 @@ def sh(value: Any) -> Quoted:
     if value is None:
         raise jinja2.UndefinedError("a None value reached a template; the spec should have refused it")
     if isinstance(value, (list, tuple)):
-        return Quoted(" ".join(shlex.quote(str(v)) for v in value))
+        if any(v is None for v in value):
+            raise jinja2.UndefinedError(f"a None value in {value!r} reached a template")
+        return Quoted(" ".join(quote_word(str(v)) for v in value))
     if isinstance(value, bool):
         value = "true" if value else "false"
-    return Quoted(shlex.quote(str(value)))
+    return Quoted(quote_word(str(value)))
 
 
 def _finalize(value: Any) -> Any:
@@ -78,10 +109,14 @@ def submitit_command(folder: Path) -> str:
     return " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
 
 
+def recreate_argv(spec: RunSpec) -> list[str]:
+    return ["hpc-grpo", "render", f"recipe={spec.recipe.name}", f"cluster={spec.cluster.name}",
+            f"--name={spec.run_name}", *spec.overrides]
+
+
 def recreate_command(spec: RunSpec) -> str:
-    parts = ["hpc-grpo", "render", f"recipe={spec.recipe.name}", f"cluster={spec.cluster.name}",
-             f"--name={spec.run_name}", *spec.overrides]
-    return " ".join(shlex.quote(p) for p in parts)
+    """The command line that renders this run again, quoted for bash, on one line."""
+    return " ".join(quote_word(p) for p in recreate_argv(spec))
 
 
 def sbatch_context(spec: RunSpec, command: str) -> dict[str, Any]:
@@ -114,6 +149,11 @@ def sbatch_context(spec: RunSpec, command: str) -> dict[str, Any]:
         ("error", f"{folder}/%j_0_log.err"),
         ("open-mode", "append"),
     ]
+    for key, value in sbatch:
+        # sbatch reads these lines itself: it knows neither $'...' nor a value that goes on past the line.
+        if _ESCAPE.search(str(value)):
+            raise SpecError(f"#SBATCH --{key} cannot hold control characters or line breaks: {value!r}",
+                            key=f"sbatch --{key}")
     srun = ["--unbuffered", "--output", f"{folder}/%j_%t_log.out", "--error", f"{folder}/%j_%t_log.err"]
     if c.setup.container:
         srun += [f"--container-image={c.setup.container}", f"--container-mounts={spec.run_dir}:{spec.run_dir}",
@@ -128,7 +168,7 @@ def common_context(spec: RunSpec) -> dict[str, Any]:
         "run_dir": spec.run_dir,
         "recipe": spec.recipe.name,
         "cluster": spec.cluster.name,
-        "recreate": recreate_command(spec),
+        "recreate": recreate_argv(spec),  # a list: `| sh` quotes each word
         "setup": spec.cluster.setup,
         "env": spec.cluster.env,
     }

@@ -20,24 +20,24 @@ import subprocess
 from dataclasses import dataclass
 
 __all__ = [
-    "SlurmError",
-    "PartitionLimits",
-    "JobInfo",
     "LIVE_STATES",
+    "JobInfo",
+    "PartitionLimits",
+    "SlurmError",
     "available",
-    "partition_limits",
-    "job_states",
-    "squeue_states",
-    "sacct_states",
-    "is_live",
     "batch_script",
     "cancel",
+    "is_live",
+    "job_states",
+    "normalize_state",
     "parse_duration",
     "parse_gres_gpus",
-    "normalize_state",
+    "parse_sacct",
     "parse_sinfo",
     "parse_squeue",
-    "parse_sacct",
+    "partition_limits",
+    "sacct_states",
+    "squeue_states",
 ]
 
 

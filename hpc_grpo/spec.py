@@ -19,6 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hpc_grpo.yamlio import SpecError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
+PASSTHROUGH_KEY_RE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
+# Values that land on #SBATCH lines, which no shell parses, so quoting cannot protect them.
+SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:@+=-]+$")
+PATH_RE = re.compile(r"^[A-Za-z0-9_./@%+=:,~-]+$")
 
 
 def check_name(value: str, what: str) -> str:
@@ -33,7 +37,7 @@ def check_name(value: str, what: str) -> str:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, validate_default=True, defer_build=True)
 
 
 PosInt = Field(gt=0)
@@ -88,6 +92,10 @@ class DataCfg(Strict):
     _expand = field_validator("train_files", "val_files")(classmethod(lambda cls, v: expand_path(v)))
 
 
+def _bad_word(v: str) -> str:
+    raise ValueError(f"{v!r} cannot go on an #SBATCH line: use letters, digits and . , : @ + = _ - only")
+
+
 TIME_RE = re.compile(r"^(?:(\d+)-)?(\d{1,3}):(\d{2})(?::(\d{2}))?$")
 
 
@@ -112,6 +120,10 @@ def parse_time_minutes(value: str | int) -> int:
 
 class Resources(Strict):
     """What to ask Slurm for. gpus_per_node defaults to the cluster's."""
+
+    _words = field_validator("partition", "account", "qos")(
+        classmethod(lambda cls, v: v if v is None or SLURM_WORD_RE.match(v) else _bad_word(v))
+    )
 
     nodes: int = Field(default=1, gt=0)
     gpus_per_node: int | None = Field(default=None, ge=0)
@@ -269,6 +281,17 @@ class Recipe(Strict):
             raise ValueError("use letters, digits, '.', '_' and '-' only")
         return v
 
+    @field_validator("passthrough")
+    @classmethod
+    def _passthrough(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if not PASSTHROUGH_KEY_RE.match(str(key)):
+                raise ValueError(
+                    f"{key!r} is not an engine key: use dotted names of letters, digits and '_', "
+                    "optionally prefixed by '+' or '++'"
+                )
+        return v
+
 
 # -------------------------------------------------------------------------------------- cluster
 class Setup(Strict):
@@ -312,6 +335,20 @@ class Cluster(Strict):
     def _time(cls, v: Any) -> str:
         parse_time_minutes(v)
         return str(v)
+
+    @field_validator("partition", "account", "qos", "gpu_type")
+    @classmethod
+    def _slurm_word(cls, v: str | None) -> str | None:
+        if v is not None and not SLURM_WORD_RE.match(v):
+            raise ValueError(f"{v!r} cannot go on an #SBATCH line: use letters, digits and . , : @ + = _ - only")
+        return v
+
+    @field_validator("runs_root")
+    @classmethod
+    def _runs_root(cls, v: str) -> str:
+        if not PATH_RE.match(v.replace("$", "")):
+            raise ValueError(f"{v!r}: the runs root goes on #SBATCH lines; use no spaces or shell characters")
+        return v
 
     @field_validator("env")
     @classmethod
@@ -388,7 +425,35 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
     return current
 
 
+# Names users bring from verl, trl or the field reports, and the recipe key that means the same.
+ALIASES = {
+    "grpo.group_size": "grpo.n",
+    "grpo.num_generations": "grpo.n",
+    "grpo.rollout_n": "grpo.n",
+    "grpo.beta": "grpo.kl_coef",
+    "grpo.kl_loss_coef": "grpo.kl_coef",
+    "grpo.learning_rate": "grpo.lr",
+    "batch.train_batch_size": "batch.train",
+    "batch.ppo_mini_batch_size": "batch.mini",
+    "batch.ppo_micro_batch_size_per_gpu": "batch.micro_per_gpu",
+    "batch.use_dynamic_bsz": "batch.dynamic_bsz",
+    "data.train_batch_size": "batch.train",
+    "parallel.tensor_model_parallel_size": "parallel.tp",
+    "parallel.pipeline_model_parallel_size": "parallel.pp",
+    "parallel.expert_model_parallel_size": "parallel.ep",
+    "parallel.context_parallel_size": "parallel.cp",
+    "checkpoint.max_actor_ckpt_to_keep": "checkpoint.keep",
+    "checkpoint.save_total_limit": "checkpoint.keep",
+    "train.max_steps": "train.total_training_steps",
+    "resources.n_gpus_per_node": "resources.gpus_per_node",
+    "resources.nnodes": "resources.nodes",
+}
+
+
 def did_you_mean(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    dotted = ".".join(map(str, loc))
+    if model is Recipe and dotted in ALIASES:
+        return f"did you mean '{ALIASES[dotted]}'? "
     owner = _model_at(model, loc)
     if owner is None:
         return ""
@@ -409,13 +474,15 @@ def validation_error(
         loc = tuple(err["loc"])
         key = prefix + ".".join(str(p) for p in loc)
         first_key = first_key or key
-        origin = where.get(".".join(str(p) for p in loc), "")
+        dotted = ".".join(str(p) for p in loc)
+        origin = where.get(dotted) or next((v for k, v in where.items() if k.startswith(dotted + ".")), "")
         origin = f" ({origin})" if origin else ""
         if err["type"] == "extra_forbidden":
             msg = f"unknown key{origin}; {did_you_mean(model, loc)}".rstrip()
         elif err["type"] == "missing":
             msg = f"required key is missing{origin}"
         else:
-            msg = f"{err['msg']}, got {err.get('input')!r}{origin}"
+            text = str(err["msg"]).removeprefix("Value error, ")
+            msg = f"{text}, got {err.get('input')!r}{origin}"
         parts.append(f"{key}: {msg}")
     return SpecError("\n  ".join(parts), key=first_key)

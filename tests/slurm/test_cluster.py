@@ -82,7 +82,7 @@ def test_failed_job_exit_code(tmp_path: Path) -> None:
 
 
 def test_two_nodes_layout_and_gpus(tmp_path: Path) -> None:
-    body = 'srun bash -c \'echo "$SLURM_PROCID $SLURMD_NODENAME $SLURM_NODELIST $CUDA_VISIBLE_DEVICES"\''
+    body = "srun bash -c 'echo \"$SLURM_PROCID $SLURMD_NODENAME $SLURM_NODELIST $CUDA_VISIBLE_DEVICES\"'"
     job_id, out = submit(tmp_path, body, "-N", "2", "--ntasks-per-node=1", "--gpus-per-node=2")
     info = wait_final(job_id)
     assert info.state == "COMPLETED", (info, out.read_text())

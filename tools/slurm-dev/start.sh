@@ -54,11 +54,15 @@ install_packages() {
 }
 
 # ---------------------------------------------------------------------------------------------------------- helpers
-pid_alive() { # pid_alive PIDFILE -> 0 if the file names a live process
-    local pid
+pid_alive() { # pid_alive PIDFILE -> 0 if the file names a live process of the daemon it is named after
+    # (slurmd-node1.pid -> slurmd): a stale file whose PID now belongs to another process does not count.
+    local pid name
     [[ -s $1 ]] || return 1
     pid=$(tr -dc '0-9' <"$1")
-    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null
+    name=$(basename "$1" .pid)
+    name=${name%%-*}
+    [[ -n $pid && -r /proc/$pid/comm && $(cat "/proc/$pid/comm" 2>/dev/null) == "$name" ]] || return 1
+    ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null || return 1
 }
 
 wait_for() { # wait_for SECONDS DESCRIPTION CMD... : poll CMD every 0.2 s until it succeeds or the deadline passes
@@ -291,7 +295,7 @@ any_pid_alive() {
 summary() {
     echo "export SLURM_CONF=$DIR/etc/slurm.conf"
     echo "slurm-dev: cluster $CLUSTER up: ${#NODES[@]} nodes x 4 CPUs x 4 fake GPUs, partitions low (default) and high," \
-        "accounting via slurmdbd; state in $DIR ($(printf '%s' "$1"))"
+        "accounting via slurmdbd; state in $DIR ($1)"
 }
 
 # ---------------------------------------------------------------------------------------------------------- main

@@ -25,11 +25,20 @@ done
 T0=${EPOCHREALTIME/./}
 log() { local us=$((${EPOCHREALTIME/./} - T0)); printf '[slurm-dev %3d.%01ds] %s\n' $((us / 1000000)) $((us / 100000 % 10)) "$*"; }
 
-read_pid() { # read_pid PIDFILE -> prints the PID if the file names a live process
-    local pid
+read_pid() { # read_pid PIDFILE -> prints the PID if the file names a live process of the daemon it is named after
+    # (slurmd-node1.pid -> slurmd): a stale file whose PID now belongs to another process does not count.
+    local pid name
     [[ -s $1 ]] || return 1
     pid=$(tr -dc '0-9' <"$1")
-    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+    name=$(basename "$1" .pid)
+    name=${name%%-*}
+    [[ -n $pid && -r /proc/$pid/comm && $(cat "/proc/$pid/comm" 2>/dev/null) == "$name" ]] || return 1
+    ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null || return 1
+    echo "$pid"
+}
+
+running() { # running PID: alive and not a zombie (an orphan's zombie lingers until PID 1 reaps it)
+    kill -0 "$1" 2>/dev/null && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
 }
 
 stop_pid() { # stop_pid NAME PIDFILE [SECONDS]: TERM, wait, KILL
@@ -38,7 +47,7 @@ stop_pid() { # stop_pid NAME PIDFILE [SECONDS]: TERM, wait, KILL
     log "stopping $name (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
     end=$(($(date +%s) + secs))
-    while kill -0 "$pid" 2>/dev/null; do
+    while running "$pid"; do
         if [[ $(date +%s) -ge $end ]]; then
             log "$name (pid $pid) still running after ${secs}s: KILL"
             kill -KILL "$pid" 2>/dev/null || true
@@ -58,10 +67,10 @@ export SLURM_CONF="$DIR/etc/slurm.conf"
 
 # Jobs first, while slurmctld and slurmd can still kill them cleanly.
 if read_pid "$DIR/run/slurmctld.pid" >/dev/null && [[ -f $SLURM_CONF ]]; then
-    if [[ -n $(timeout 10 squeue -h -o %i 2>/dev/null || true) ]]; then
-        log "cancelling all jobs"
-        timeout 10 scancel --full --quiet --user=root 2>/dev/null || true
-        timeout 10 scancel --quiet --state=PENDING 2>/dev/null || true
+    mapfile -t jobs < <(timeout 10 squeue -h -o %A 2>/dev/null | sort -u || true)
+    if [[ ${#jobs[@]} -gt 0 ]]; then
+        log "cancelling ${#jobs[@]} job(s) of any user"
+        timeout 10 scancel --quiet "${jobs[@]}" 2>/dev/null || true
         end=$(($(date +%s) + 20))
         while [[ -n $(timeout 5 squeue -h -o %i 2>/dev/null || true) && $(date +%s) -lt $end ]]; do sleep 0.3; done
     fi

@@ -1,0 +1,343 @@
+"""In-job entry point of the trl engine: `python -m hpc_grpo.trl_job --spec RUN_DIR/spec.yaml`.
+
+Everything it needs is in the run directory (the frozen spec names model, data and settings), so a
+requeued job on another node carries on where the last one stopped: it resumes from the newest
+COMPLETE checkpoint (checked file by file, never "the newest folder"), moves incomplete ones aside,
+and drops metric lines of steps that will be trained again. Heavy imports (torch, transformers,
+trl, peft, datasets) happen inside main(), so importing this module stays cheap.
+
+Files it writes in RUN_DIR: checkpoints/checkpoint-N/ (trl), metrics.jsonl (one line per step),
+train_done.json (on success), checkpoints-incomplete/ (moved-aside partial checkpoints), wandb/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hpc_grpo.engines.trl import (
+    Checkpoint,
+    checkpoint_dir,
+    grpo_config_kwargs,
+    list_checkpoints,
+    lora_config_kwargs,
+    newest_complete,
+)
+from hpc_grpo.spec import RunSpec
+
+METRICS_FILE = "metrics.jsonl"
+DONE_FILE = "train_done.json"
+INCOMPLETE_DIR = "checkpoints-incomplete"
+# trl log key -> metrics.jsonl key
+METRIC_KEYS = {
+    "reward": "reward",
+    "reward_std": "reward_std",
+    "loss": "loss",
+    "kl": "kl",
+    "learning_rate": "lr",
+    "entropy": "entropy",
+    "grad_norm": "grad_norm",
+    "completions/mean_length": "completion_length",
+    "step_time": "step_time",
+    "epoch": "epoch",
+}
+
+
+class JobError(RuntimeError):
+    """A problem the user fixes in the spec or the run directory; printed without a traceback."""
+
+
+def log(message: str) -> None:
+    print(f"[hpc-grpo trl] {message}", flush=True)
+
+
+# ------------------------------------------------------------------------------------ run dir state
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write via a temp file and os.replace, so a kill never leaves half a JSON file behind."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def trim_metrics(path: Path, resume_step: int) -> int:
+    """Drop lines of steps after resume_step (they will be trained again); return how many.
+
+    Without this a requeued run would log steps 5..k twice, once per attempt. Unparseable lines
+    (a line cut by the kill) are dropped too.
+    """
+    if not path.is_file():
+        return 0
+    kept: list[str] = []
+    dropped = 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            dropped += 1
+            continue
+        if isinstance(step, int) and step <= resume_step:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write("".join(f"{line}\n" for line in kept))
+        os.replace(tmp, path)
+    return dropped
+
+
+def quarantine_incomplete(ckpt_dir: Path, run_dir: Path) -> list[Path]:
+    """Move incomplete checkpoint-N folders to RUN_DIR/checkpoints-incomplete/ (never delete them).
+
+    Left in place, trl's rotation (by mtime) would count a half-written folder as one of the
+    checkpoints to keep and delete a complete one instead; and a resave of the same step would
+    write over it. Moving keeps the evidence for a post-mortem.
+    """
+    moved: list[Path] = []
+    for ckpt in list_checkpoints(ckpt_dir):
+        if ckpt.complete or ckpt.path.is_symlink():
+            continue
+        target_dir = run_dir / INCOMPLETE_DIR
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target = target_dir / f"{ckpt.path.name}.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}"
+        os.rename(ckpt.path, target)
+        log(f"moved incomplete {ckpt.path.name} ({ckpt.reason}) to {target}")
+        moved.append(target)
+    return moved
+
+
+def wandb_env(spec: RunSpec) -> dict[str, str]:
+    """Environment for W&B when it is a logger: one W&B run per hpc-grpo run across requeues,
+    its files inside the run directory. Empty when W&B is not used."""
+    if "wandb" not in spec.recipe.logging.logger:
+        return {}
+    return {
+        "WANDB_RUN_ID": spec.run_name,
+        "WANDB_RESUME": "allow",
+        "WANDB_DIR": spec.run_dir,
+        "WANDB_PROJECT": spec.recipe.logging.project,
+        "WANDB_NAME": spec.recipe.logging.experiment or spec.run_name,
+    }
+
+
+# ------------------------------------------------------------------------------------- model & data
+def prepare_model(spec: RunSpec) -> str:
+    """The model folder; a missing `tiny*` folder is built on first use (tiny-gsm8k needs no Hub)."""
+    path = Path(spec.recipe.model.path)
+    if (path / "config.json").is_file():
+        return str(path)
+    if path.name.startswith("tiny"):
+        from hpc_grpo.tiny_model import ensure_tiny_model
+
+        log(f"building the tiny model in {path}")
+        return str(ensure_tiny_model(path))
+    if path.is_absolute() or path.exists():
+        raise JobError(f"model.path {path} has no config.json: point it at a Hugging Face model folder")
+    return str(path)  # a Hub id: transformers resolves it (needs network or a warm HF cache)
+
+
+def load_train_dataset(spec: RunSpec) -> Any:
+    """Train rows with `prompt` and `ground_truth` (trl passes columns to the reward by name).
+
+    jsonl/json as written by `prepare_gsm8k` for trl; parquet in verl's layout also works: its
+    reward_model.ground_truth becomes the ground_truth column.
+    """
+    from datasets import load_dataset
+
+    path = Path(spec.recipe.data.train_files)
+    if not path.is_file():
+        raise JobError(f"data.train_files {path} does not exist: prepare GSM8K first (hpc_grpo.data.prepare_gsm8k)")
+    kind = "parquet" if path.suffix == ".parquet" else "json"
+    ds = load_dataset(kind, data_files=str(path), split="train")
+    if "ground_truth" not in ds.column_names and "reward_model" in ds.column_names:
+        ds = ds.map(lambda row: {"ground_truth": row["reward_model"]["ground_truth"]})
+    missing = [c for c in ("prompt", "ground_truth") if c not in ds.column_names]
+    if missing:
+        raise JobError(f"{path} has no column(s) {', '.join(missing)} (has {', '.join(ds.column_names)}): "
+                       "use the trl/train.jsonl that prepare_gsm8k writes")
+    return ds
+
+
+def filter_prompts(ds: Any, tokenizer: Any, spec: RunSpec) -> Any:
+    """Enforce data.max_prompt_length (trl 1.16 has no such setting): drop overlong prompts like
+    verl's filter_overlong_prompts, or stop when data.truncation is 'error'."""
+    d = spec.recipe.data
+    limit = d.max_prompt_length
+
+    def lengths(batch: dict[str, list[Any]]) -> dict[str, list[int]]:
+        prompts = batch["prompt"]
+        if prompts and isinstance(prompts[0], str):
+            ids = tokenizer(prompts)["input_ids"]
+        else:
+            ids = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        return {"_prompt_len": [len(x) for x in ids]}
+
+    n_before = len(ds)
+    measured = ds.map(lengths, batched=True, batch_size=1000)
+    too_long = sum(1 for n in measured["_prompt_len"] if n > limit)
+    if too_long and d.filter_overlong_prompts:
+        measured = measured.filter(lambda row: row["_prompt_len"] <= limit)
+        log(f"dropped {too_long} of {n_before} prompts longer than data.max_prompt_length={limit}")
+    elif too_long and d.truncation == "error":
+        raise JobError(f"{too_long} of {n_before} prompts are longer than data.max_prompt_length={limit}: "
+                       "raise it, or set data.filter_overlong_prompts=true")
+    elif too_long:
+        log(f"warning: {too_long} prompts exceed data.max_prompt_length={limit} and are kept whole")
+    if not len(measured):
+        raise JobError(f"no prompt fits data.max_prompt_length={limit}")
+    return measured.remove_columns("_prompt_len")
+
+
+def build_grpo_config(kwargs: dict[str, Any]) -> Any:
+    """GRPOConfig, with transformers < 5's spelling of activation checkpointing if needed."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    if "activation_checkpointing" in kwargs and "activation_checkpointing" not in names:
+        kwargs = dict(kwargs)
+        kwargs["gradient_checkpointing"] = kwargs.pop("activation_checkpointing")
+    return GRPOConfig(**kwargs)
+
+
+def metrics_callback(path: Path, max_steps: int) -> Any:
+    """A TrainerCallback that appends one JSON line per logged step and prints a short progress line."""
+    from transformers import TrainerCallback
+
+    class MetricsCallback(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+            if not logs or not ("loss" in logs or "reward" in logs):
+                return  # the end-of-training summary has neither
+            row: dict[str, Any] = {"step": state.global_step}
+            for src, dst in METRIC_KEYS.items():
+                value = logs.get(src)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    row[dst] = float(value) if math.isfinite(value) else None
+            row["time"] = round(time.time(), 3)
+            with path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+
+            def fmt(key: str) -> str:
+                value = row.get(key)
+                return "nan" if value is None else f"{value:.4g}"
+
+            total = f"/{max_steps}" if max_steps > 0 else ""
+            log(f"step {state.global_step}{total} reward {fmt('reward')} loss {fmt('loss')} kl {fmt('kl')} "
+                f"lr {fmt('lr')} ({fmt('step_time')} s)")
+
+    return MetricsCallback()
+
+
+# --------------------------------------------------------------------------------------------- main
+def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
+    """Build everything from the spec, resume from the newest complete checkpoint, train, report."""
+    t0 = time.time()
+    run_dir = Path(spec.run_dir)
+    if spec_path.resolve().parent != run_dir.resolve():
+        log(f"warning: {spec_path} is not inside the spec's run_dir {run_dir}; using run_dir")
+    ckpt_dir = checkpoint_dir(spec)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+
+    os.environ.update(wandb_env(spec))  # before the trainer (and so W&B) starts
+
+    import torch
+
+    use_cpu = not torch.cuda.is_available()
+    if spec.recipe.rollout.name == "vllm" and use_cpu:
+        raise JobError("rollout.name=vllm needs a GPU and none is visible: use rollout.name=hf")
+    model_path = prepare_model(spec)
+
+    from peft import LoraConfig
+    from transformers import AutoTokenizer, PrinterCallback
+    from trl import GRPOTrainer
+
+    from hpc_grpo.rewards import gsm8k_trl_reward
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=spec.recipe.model.trust_remote_code)
+    dataset = filter_prompts(load_train_dataset(spec), tokenizer, spec)
+
+    kwargs = grpo_config_kwargs(spec, use_cpu=use_cpu)
+    config = build_grpo_config(kwargs)
+    lora_kwargs = lora_config_kwargs(spec)
+    peft_config = LoraConfig(**lora_kwargs) if lora_kwargs else None
+
+    quarantine_incomplete(ckpt_dir, run_dir)
+    resume: Checkpoint | None = newest_complete(ckpt_dir)
+    resume_step = resume.step if resume else 0
+    dropped = trim_metrics(run_dir / METRICS_FILE, resume_step)
+    if resume:
+        log(f"resuming from {resume.path} (step {resume.step})")
+    else:
+        log("no complete checkpoint: starting from step 0")
+    if dropped:
+        log(f"dropped {dropped} metric line(s) after step {resume_step} from {METRICS_FILE} (they are trained again)")
+    log(f"run {spec.run_name}: device {'cpu' if use_cpu else 'cuda'}, {len(dataset)} prompts, "
+        f"max_steps {config.max_steps}, checkpoints in {ckpt_dir}")
+
+    trainer = GRPOTrainer(
+        model=model_path,
+        reward_funcs=gsm8k_trl_reward,
+        args=config,
+        train_dataset=dataset,
+        peft_config=peft_config,
+    )
+    trainer.remove_callback(PrinterCallback)  # prints every raw log dict; ours prints one line per step
+    trainer.add_callback(metrics_callback(run_dir / METRICS_FILE, config.max_steps))
+    result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
+
+    final = newest_complete(ckpt_dir)
+    done = {
+        "run_name": spec.run_name,
+        "final_step": trainer.state.global_step,
+        "max_steps": trainer.state.max_steps,
+        "last_checkpoint": str(final.path) if final else None,
+        "resumed_from": str(resume.path) if resume else None,
+        "wall_time_s": round(time.time() - t0, 3),
+        "train_runtime_s": round(float(result.metrics.get("train_runtime", 0.0)), 3),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json_atomic(run_dir / DONE_FILE, done)
+    log(f"done: step {done['final_step']}, last checkpoint {done['last_checkpoint']}, {done['wall_time_s']} s")
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpc_grpo.trl_job", description=__doc__.split("\n")[0])
+    parser.add_argument("--spec", required=True, type=Path, help="RUN_DIR/spec.yaml (the frozen run spec)")
+    args = parser.parse_args(argv)
+    from hpc_grpo.resolve import load_frozen
+    from hpc_grpo.yamlio import SpecError
+
+    try:
+        spec = load_frozen(args.spec)
+        if spec.recipe.engine != "trl":
+            raise JobError(f"{args.spec} is a {spec.recipe.engine} run, not trl")
+        train(spec, args.spec)
+    except (JobError, SpecError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

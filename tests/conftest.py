@@ -1,0 +1,39 @@
+"""Shared fixtures: an isolated HOME/cwd so no test writes outside its temp dir."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+GSM8K_DIR = SHARED / "data" / "gsm8k"
+
+
+@pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """HOME, cwd and caches inside tmp_path; secrets and W&B credentials removed."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("USER", "user")
+    monkeypatch.chdir(tmp_path)
+    for var in ("WANDB_API_KEY", "HF_TOKEN", "HPC_GRPO_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    return tmp_path
+
+
+def tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.fixture
+def gsm8k_dir() -> Path:
+    if not GSM8K_DIR.is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{GSM8K_DIR} is missing: CI must have ../shared/data/gsm8k")
+        pytest.skip(f"{GSM8K_DIR} is missing (the GSM8K files live in ../shared beside the checkout)")
+    return GSM8K_DIR

@@ -1,0 +1,44 @@
+"""The commands people wait on import no heavy stack (each is 0.4-4 s of start-up per call)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("torch", "transformers", "trl", "wandb", "lm_eval", "peft", "datasets", "ray", "hydra", "vllm")
+
+PROBE = """
+import json, sys
+sys.argv = ["hpc-grpo", *json.loads(sys.argv[1])]
+from hpc_grpo import cli
+try:
+    cli.main()
+except SystemExit:
+    pass
+print("\\nMODULES=" + json.dumps(sorted({m.split('.')[0] for m in sys.modules})))
+"""
+
+
+def loaded(*argv: str) -> set[str]:
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(list(argv))], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "WANDB_MODE": "offline"}, timeout=120)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("MODULES=")]
+    assert line, proc.stdout + proc.stderr
+    return set(json.loads(line[-1].removeprefix("MODULES=")))
+
+
+def test_plan_without_schema_imports_nothing_heavy() -> None:
+    mods = loaded("plan", "recipe=qwen2.5-7b-codegen", "cluster=a100-ib", "--no-schema")
+    assert not mods & set(HEAVY), mods & set(HEAVY)
+
+
+def test_render_imports_nothing_heavy(tmp_path) -> None:
+    mods = loaded("render", "recipe=tiny-gsm8k", "cluster=local", "--no-schema", "-o", str(tmp_path / "out"))
+    assert (tmp_path / "out" / "scripts" / "sbatch.sh").exists()
+    assert not mods & set(HEAVY), mods & set(HEAVY)
+
+
+def test_plan_with_schema_imports_only_hydra() -> None:
+    mods = loaded("plan", "recipe=qwen2.5-7b-codegen", "cluster=a100-ib")
+    assert not mods & (set(HEAVY) - {"hydra"}), mods & set(HEAVY)

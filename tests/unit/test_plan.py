@@ -1,0 +1,140 @@
+"""Plan: the issue's acceptance cases and every shipped recipe x cluster pair.
+
+Each recipe's header carries a line `# plan: ok on A, B; refused on C (why), D (why)`; the test
+holds the header to the truth, so a recipe change that breaks a pair cannot go unnoticed.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from hpc_grpo import cli, registry
+from hpc_grpo.findings import Severity
+from hpc_grpo.plan import run_plan
+from hpc_grpo.resolve import resolve_spec
+
+
+def plan_of(recipe: str, cluster: str, *overrides: str, schema: bool = False):
+    return run_plan(resolve_spec(recipe, cluster, ["cluster.runs_root=/nonexistent/runs", *overrides], run_name="t"),
+                    schema=schema)
+
+
+def errors(plan) -> list:
+    return [f for f in plan.findings if f.severity is Severity.ERROR]
+
+
+def run_cli(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["hpc-grpo", *argv])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    cap = capsys.readouterr()
+    return exc.value.code, cap.out + cap.err
+
+
+def test_codegen_on_a100_plans_and_prints_tables(isolated, monkeypatch, capsys) -> None:
+    code, text = run_cli(monkeypatch, capsys, "plan", "recipe=qwen2.5-7b-codegen", "cluster=a100-ib",
+                         "cluster.runs_root=/nonexistent/runs")
+    assert code == 0, text
+    assert "Layout" in text and "Memory per GPU" in text and "peak" in text
+
+
+def test_tp3_names_head_divisibility(isolated, monkeypatch, capsys) -> None:
+    code, text = run_cli(monkeypatch, capsys, "plan", "recipe=qwen2.5-7b-codegen", "cluster=a100-ib", "parallel.tp=3",
+                         "--json")
+    assert code == 1
+    assert "28 attention heads, not divisible by TP 3" in text
+
+
+@pytest.mark.parametrize("override", ["algorithm.group_size=5", "passthrough.algorithm.group_size=5",
+                                      "+algorithm.group_size=5"])
+def test_field_report_group_size_names_rollout_n(override, isolated, monkeypatch, capsys) -> None:
+    code, text = run_cli(monkeypatch, capsys, "plan", "recipe=qwen2.5-7b-codegen", "cluster=a100-ib", override, "--json")
+    assert code == 1
+    assert "actor_rollout_ref.rollout.n" in text
+
+
+@pytest.mark.parametrize("key,real", [
+    ("algorithm.kl_coef", "kl_loss_coef"),
+    ("actor_rollout_ref.actor.grad_accumulation_steps", "ppo_micro_batch_size_per_gpu"),
+    ("actor.grad_accumulation_steps", "ppo_micro_batch_size_per_gpu"),
+    ("actor_rollout_ref.actor.seqlen_balancing", "use_dynamic_bsz"),
+    ("actor_rollout_ref.actor.megatron.grad_offload", "optimizer_offload"),
+    ("megatron.grad_offload", "optimizer_offload"),
+    ("num_train_steps", "trainer.total_training_steps"),
+    ("algorithm.adv_norm", "norm_adv_by_std_in_grpo"),
+])
+def test_field_report_flags_name_the_real_key(key, real) -> None:
+    plan = plan_of("qwen2.5-7b-codegen", "a100-ib", f"{key}=1")
+    msgs = [f"{f.message} {f.fix}" for f in errors(plan)]
+    assert any(real in m for m in msgs), msgs
+
+
+def test_passthrough_cannot_fight_a_modelled_field() -> None:
+    plan = plan_of("qwen2.5-3b-gsm8k-lora", "a100-ib", "actor_rollout_ref.rollout.n=8")
+    assert any(f.key == "passthrough.actor_rollout_ref.rollout.n" and "grpo.n" in f.fix for f in errors(plan))
+
+
+@pytest.mark.parametrize("overrides,key,text", [
+    (["batch.train=1023"], "batch.train", "not divisible by verl's minimal batch"),
+    (["batch.mini=2048"], "batch.mini", "> train_batch_size"),
+    (["batch.micro_per_gpu=48"], "batch.micro_per_gpu", "not divisible by micro batch"),
+    (["batch.micro_per_gpu=null"], "batch.micro_per_gpu", "exactly one micro-batch"),
+    (["parallel.rollout_tp=3"], "parallel.rollout_tp", "not divisible by rollout TP"),
+    (["resources.gpus_per_node=16"], "resources.gpus_per_node", "nodes have 8"),
+    (["resources.nodes=99"], "resources.nodes", "has 16"),
+    (["parallel.tp=2"], "parallel.tp", "Megatron layout"),
+])
+def test_batch_and_layout_rules(overrides, key, text) -> None:
+    plan = plan_of("qwen2.5-3b-gsm8k-lora", "a100-ib", *overrides)
+    assert any(f.key == key and text in f.message for f in errors(plan)), [str(f) for f in plan.findings]
+
+
+def test_megatron_layers_experts_and_etp() -> None:
+    assert any("layers, not divisible by PP" in f.message for f in errors(plan_of("qwen2.5-72b-megatron", "a100-ib", "parallel.pp=3",
+                                                                                  "resources.nodes=3")))
+    moe = plan_of("qwen3-30b-a3b-moe", "a100-ib", "parallel.ep=3")
+    assert any("128 experts, not divisible by EP 3" in f.message for f in errors(moe))
+    etp = plan_of("qwen3-30b-a3b-moe", "a100-ib", "parallel.etp=4")
+    assert any(f.key == "parallel.etp" for f in errors(etp))
+    assert not errors(plan_of("qwen3-30b-a3b-moe", "a100-ib"))
+
+
+def test_memory_names_largest_term_and_knob() -> None:
+    plan = plan_of("qwen2.5-72b-megatron", "a100-ib", "offload.optimizer=false", "parallel.tp=2", "parallel.pp=1",
+                   "parallel.rollout_tp=8", "resources.nodes=1")
+    mem = [f for f in errors(plan) if f.key.startswith("memory")]
+    assert mem and plan.memory is not None and not plan.memory.fits
+    assert plan.memory.largest_term in mem[0].message
+    assert mem[0].fix
+
+
+def test_unknown_model_shape_is_a_warning_not_a_crash() -> None:
+    plan = plan_of("qwen2.5-3b-gsm8k-lora", "a100-ib", "model.path=org/UnknownModel-9B")
+    assert any(f.key == "model.path" and f.severity is Severity.WARNING for f in plan.findings)
+
+
+HEADER_RE = re.compile(r"^# plan: ok on ([^;]*); refused on (.*)$", re.M)
+
+
+def header_matrix(recipe: str) -> tuple[set[str], set[str]]:
+    text = registry.find("recipes", recipe).read_text()
+    m = HEADER_RE.search(text)
+    assert m, f"recipe {recipe} has no '# plan: ok on ...; refused on ...' header line"
+    ok = {c.strip() for c in m.group(1).split(",") if c.strip() and c.strip() != "none"}
+    refused = {re.sub(r"\s*\(.*", "", c).strip() for c in re.split(r",\s*(?![^()]*\))", m.group(2)) if c.strip() and c.strip() != "none"}
+    return ok, refused
+
+
+@pytest.mark.parametrize("recipe", registry.list_names("recipes"))
+def test_every_recipe_cluster_pair_matches_its_header(recipe, isolated) -> None:
+    ok, refused = header_matrix(recipe)
+    assert ok | refused == set(registry.list_names("clusters")), "the header must name every shipped cluster"
+    for cluster in registry.list_names("clusters"):
+        plan = run_plan(resolve_spec(recipe, cluster, run_name="t"), schema=False)
+        if cluster in ok:
+            assert plan.ok, (cluster, [str(f) for f in errors(plan)])
+        else:
+            assert not plan.ok, f"{recipe} on {cluster} plans cleanly but its header says refused"
