@@ -252,6 +252,8 @@ def submit(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="show everything submit would do; submit nothing")] = False,
     name: NameT = None,
     schema: SchemaT = True,
+    wait: Annotated[Optional[bool], typer.Option("--wait/--no-wait", help="follow the job to its end "
+                                                 "(default: on for cluster=local)")] = None,
 ) -> None:
     """Plan, create the run directory, render, and submit through submitit (Slurm or local)."""
     from hpc_grpo.plan import run_plan
@@ -281,6 +283,103 @@ def submit(
     out.print(f"Run directory: {submission.run_dir}")
     out.print(f"Job: {submission.job_id} ({submission.executor})")
     out.print(f"Follow it: hpc-grpo status {spec.run_name}    logs: {submission.log_hint}")
+    if wait is None:
+        wait = spec.cluster.scheduler == "local"
+    if wait:
+        raise typer.Exit(wait_for(submission))
+
+
+def wait_for(submission: Any) -> int:
+    """Follow a job to its end, echoing its log, then print the run's status and training summary."""
+    import time
+
+    from hpc_grpo.status import run_status
+
+    log = Path(submission.log_hint)
+    pos = 0
+    job = submission.job
+    while True:
+        if log.exists():
+            with open(log, errors="replace") as handle:
+                handle.seek(pos)
+                chunk = handle.read()
+                pos = handle.tell()
+            if chunk:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+        if job.done():
+            break
+        time.sleep(1.0)
+    state = job.state
+    status = run_status(submission.run_dir)
+    print_status(status)
+    print_training_summary(submission.run_dir)
+    ok = state in ("COMPLETED", "FINISHED", "DONE") or (status.jobs and status.jobs[-1].state == "COMPLETED")
+    return 0 if ok else 1
+
+
+def print_training_summary(run_dir: Path) -> None:
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists():
+        return
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    t = Table(title="Training reward per step")
+    for col in ("step", "reward", "loss", "kl"):
+        t.add_column(col, justify="right")
+    for row in rows:
+        t.add_row(*(str(row.get(k)) if not isinstance(row.get(k), float) else f"{row[k]:.4f}"
+                    for k in ("step", "reward", "loss", "kl")))
+    out.print(t)
+    out.print(f"Results: {run_dir}")
+
+
+def print_status(status: Any) -> None:
+    spec = status.spec
+    out.print(f"[bold]{spec.run_name}[/]  recipe {spec.recipe.name}  cluster {spec.cluster.name}  dir {spec.run_dir}")
+    t = Table(title="Jobs")
+    for col in ("job", "purpose", "submitted", "state", "elapsed s", "exit", "nodes"):
+        t.add_column(col)
+    for j in status.jobs:
+        t.add_row(j.job_id, j.purpose, j.submitted, j.state, str(j.elapsed_s if j.elapsed_s is not None else "-"),
+                  j.exit_code or "-", j.nodes or "-")
+    out.print(t)
+    out.print(f"Last step: {status.last_step if status.last_step is not None else '-'}   complete checkpoints: "
+              f"{status.complete_checkpoints}   newest: {status.newest_checkpoint or '-'}   time used: {status.time_used_s} s")
+    for log in status.logs:
+        out.print(f"log: {log}")
+
+
+@app.command()
+def status(
+    run: Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")] = None,
+    as_json: JsonT = False,
+) -> None:
+    """Show a run: its job chain with live Slurm state, last step, newest checkpoint, time used, logs."""
+    from hpc_grpo.status import locate_run, run_status
+
+    result = run_status(locate_run(run))
+    if as_json:
+        print_json(result.as_dict())
+    else:
+        print_status(result)
+
+
+@app.command("runs")
+def list_runs(as_json: JsonT = False) -> None:
+    """List runs under every cluster's runs root, newest first."""
+    from hpc_grpo.runs import find_runs, run_summary
+    from hpc_grpo.status import runs_roots
+
+    rows = [run_summary(p) for p in find_runs(runs_roots())]
+    if as_json:
+        print_json(rows)
+        return
+    t = Table(title="Runs")
+    for col in ("name", "jobs", "path"):
+        t.add_column(col, overflow="fold")
+    for row in rows:
+        t.add_row(row["name"], " ".join(row["jobs"]) or "-", row["path"])
+    out.print(t)
 
 
 @data_app.command("gsm8k")

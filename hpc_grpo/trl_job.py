@@ -54,8 +54,12 @@ class JobError(RuntimeError):
     """A problem the user fixes in the spec or the run directory; printed without a traceback."""
 
 
+_T0 = time.monotonic()
+
+
 def log(message: str) -> None:
-    print(f"[hpc-grpo trl] {message}", flush=True)
+    """One prefixed line with seconds since start: Slurm logs then show where the time went."""
+    print(f"[hpc-grpo trl +{time.monotonic() - _T0:.1f}s] {message}", flush=True)
 
 
 # ------------------------------------------------------------------------------------ run dir state
@@ -258,7 +262,32 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     ckpt_dir = checkpoint_dir(spec)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
 
+    # Where to start is decided from disk first, before any heavy import: a requeue of a finished
+    # run ends here in a second.
+    quarantine_incomplete(ckpt_dir, run_dir)
+    resume: Checkpoint | None = newest_complete(ckpt_dir)
+    resume_step = resume.step if resume else 0
+    if resume:
+        log(f"resuming from {resume.path} (step {resume.step})")
+    else:
+        log("no complete checkpoint: starting from step 0")
+    target = target_steps(int(grpo_config_kwargs(spec)["max_steps"]), resume)
+    if resume and target is not None and resume.step >= target:
+        # transformers would train one extra step when resumed at the end (it checks max_steps only
+        # after a step), so a requeue of a finished run must not call train() at all.
+        log(f"already trained: {resume.path.name} is step {resume.step} of {target}")
+        return finish(spec, resume.step, target, resume, resume, t0, 0.0)
+    dropped = trim_metrics(run_dir / METRICS_FILE, resume_step)
+    if dropped:
+        log(f"dropped {dropped} metric line(s) after step {resume_step} from {METRICS_FILE} (they are trained again)")
+
     os.environ.update(wandb_env(spec))  # before the trainer (and so W&B) starts
+
+    import warnings
+
+    # transformers 5 renamed gradient -> activation checkpointing and trl still calls the old
+    # names internally: nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*activation_checkpointing", category=FutureWarning)
 
     import torch
 
@@ -276,21 +305,9 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=spec.recipe.model.trust_remote_code)
     dataset = filter_prompts(load_train_dataset(spec), tokenizer, spec)
 
-    kwargs = grpo_config_kwargs(spec, use_cpu=use_cpu)
-    config = build_grpo_config(kwargs)
+    config = build_grpo_config(grpo_config_kwargs(spec, use_cpu=use_cpu))
     lora_kwargs = lora_config_kwargs(spec)
     peft_config = LoraConfig(**lora_kwargs) if lora_kwargs else None
-
-    quarantine_incomplete(ckpt_dir, run_dir)
-    resume: Checkpoint | None = newest_complete(ckpt_dir)
-    resume_step = resume.step if resume else 0
-    dropped = trim_metrics(run_dir / METRICS_FILE, resume_step)
-    if resume:
-        log(f"resuming from {resume.path} (step {resume.step})")
-    else:
-        log("no complete checkpoint: starting from step 0")
-    if dropped:
-        log(f"dropped {dropped} metric line(s) after step {resume_step} from {METRICS_FILE} (they are trained again)")
     log(f"run {spec.run_name}: device {'cpu' if use_cpu else 'cuda'}, {len(dataset)} prompts, "
         f"max_steps {config.max_steps}, checkpoints in {ckpt_dir}")
 
@@ -303,21 +320,43 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     )
     trainer.remove_callback(PrinterCallback)  # prints every raw log dict; ours prints one line per step
     trainer.add_callback(metrics_callback(run_dir / METRICS_FILE, config.max_steps))
+    log("trainer ready: training")
     result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
 
+    runtime = float(result.metrics.get("train_runtime", 0.0))
     final = newest_complete(ckpt_dir)
+    return finish(spec, trainer.state.global_step, trainer.state.max_steps, final, resume, t0, runtime)
+
+
+def target_steps(max_steps: int, resume: Checkpoint | None) -> int | None:
+    """The run's last step: max_steps, or (epoch-based runs) the max_steps trl recorded in the
+    checkpoint's trainer_state.json; None when unknown (a fresh epoch-based run)."""
+    if max_steps > 0:
+        return max_steps
+    if resume is None:
+        return None
+    try:
+        value = json.loads((resume.path / "trainer_state.json").read_text(encoding="utf-8")).get("max_steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def finish(spec: RunSpec, step: int, max_steps: int | None, final: Checkpoint | None,
+           resume: Checkpoint | None, t0: float, runtime: float) -> dict[str, Any]:
+    """Write train_done.json: what later steps (prune, export, eval) start from."""
     done = {
         "run_name": spec.run_name,
-        "final_step": trainer.state.global_step,
-        "max_steps": trainer.state.max_steps,
+        "final_step": step,
+        "max_steps": max_steps,
         "last_checkpoint": str(final.path) if final else None,
         "resumed_from": str(resume.path) if resume else None,
         "wall_time_s": round(time.time() - t0, 3),
-        "train_runtime_s": round(float(result.metrics.get("train_runtime", 0.0)), 3),
+        "train_runtime_s": round(runtime, 3),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write_json_atomic(run_dir / DONE_FILE, done)
-    log(f"done: step {done['final_step']}, last checkpoint {done['last_checkpoint']}, {done['wall_time_s']} s")
+    write_json_atomic(Path(spec.run_dir) / DONE_FILE, done)
+    log(f"done: step {step}, last checkpoint {done['last_checkpoint']}, {done['wall_time_s']} s")
     return done
 
 

@@ -319,7 +319,12 @@ def _check_passthrough(spec: RunSpec) -> list[Finding]:
             out.append(error(pkey, f"is set by hpc-grpo from {src}", fix))
         elif key not in GRPO_CONFIG_FIELDS:
             close = difflib.get_close_matches(key.rsplit(".", 1)[-1], GRPO_CONFIG_FIELDS, n=1, cutoff=0.6)
-            hint = f"did you mean '{close[0]}'?" if close else "see trl's GRPOConfig for the field names"
+            if close and close[0] in owned and not owned[close[0]].startswith(("engine", "run ")):
+                hint = f"did you mean '{close[0]}'? hpc-grpo sets it from {owned[close[0]]}: set that instead"
+            elif close:
+                hint = f"did you mean '{close[0]}'?"
+            else:
+                hint = "see trl's GRPOConfig for the field names"
             why = "trl takes GRPOConfig field names, not dotted keys" if "." in key else f"is not a field of trl {TRL_VERSION}'s GRPOConfig"
             out.append(error(pkey, why, hint))
     return out

@@ -1,0 +1,140 @@
+"""The run directory: its layout, its job history, and the lock that keeps one live job per run.
+
+The run directory is the unit of state. Everything `status`, `resume` or `prune-ckpts` needs is
+in it, so any command works from any login node days later. The lock is derived from the
+recorded job ids and their Slurm state (not a pid file), so it holds across nodes and a dead
+node cannot leave it stuck.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc_grpo.yamlio import SpecError
+
+HISTORY = "history.jsonl"
+SPEC = "spec.yaml"
+PURPOSES = ("train", "requeue", "resume", "eval")
+
+
+class RunBusy(SpecError):
+    """A second submission into a run that still has a live job."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    job_id: str
+    purpose: str
+    executor: str
+    time: str
+    note: str = ""
+
+
+def append_history(run_dir: Path, job_id: str, purpose: str, executor: str, note: str = "") -> HistoryEntry:
+    """Append one line; O_APPEND writes of one short line are atomic, so tasks on two nodes cannot interleave."""
+    if purpose not in PURPOSES:
+        raise ValueError(f"purpose {purpose!r} is not one of {PURPOSES}")
+    entry = HistoryEntry(str(job_id), purpose, executor, time.strftime("%Y-%m-%dT%H:%M:%S%z"), note)
+    line = json.dumps(_asdict(entry)) + "\n"
+    fd = os.open(run_dir / HISTORY, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+    return entry
+
+
+def _asdict(entry: HistoryEntry) -> dict[str, str]:
+    return {f: getattr(entry, f) for f in HistoryEntry.__slots__}
+
+
+def read_history(run_dir: Path) -> list[HistoryEntry]:
+    path = run_dir / HISTORY
+    if not path.exists():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            data = json.loads(line)
+            entries.append(HistoryEntry(**{k: data.get(k, "") for k in HistoryEntry.__slots__}))
+    return entries
+
+
+def job_ids(run_dir: Path) -> list[str]:
+    """Distinct job ids of a run, in submission order."""
+    return list(dict.fromkeys(e.job_id for e in read_history(run_dir)))
+
+
+def _pid_alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def live_jobs(run_dir: Path) -> dict[str, str]:
+    """job id -> state, for every recorded job that is still queued or running."""
+    history = read_history(run_dir)
+    if not history:
+        return {}
+    slurm_ids = list(dict.fromkeys(e.job_id for e in history if e.executor == "slurm"))
+    local_ids = list(dict.fromkeys(e.job_id for e in history if e.executor == "local"))
+    live: dict[str, str] = {}
+    if slurm_ids:
+        from hpc_grpo import slurm
+
+        for job_id, info in slurm.job_states(slurm_ids).items():
+            if info.live:
+                live[job_id] = info.state
+    for pid in local_ids:
+        if _pid_alive(pid):
+            live[pid] = "RUNNING"
+    return live
+
+
+@contextmanager
+def submit_lock(run_dir: Path) -> Iterator[None]:
+    """Serialise check-then-submit on one run (two shells racing on a login node)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".submit.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def refuse_if_live(run_dir: Path) -> None:
+    live = live_jobs(run_dir)
+    if live:
+        jobs = ", ".join(f"{j} ({s})" for j, s in live.items())
+        raise RunBusy(
+            f"run {run_dir.name} already has a live job: {jobs}. Wait for it, or cancel it (scancel {' '.join(live)}) "
+            "before submitting into this run again",
+            key="run",
+        )
+
+
+def find_runs(roots: list[Path]) -> list[Path]:
+    """Run directories (those holding a spec.yaml) under the given roots, newest first."""
+    found: dict[Path, float] = {}
+    for root in roots:
+        if root.is_dir():
+            for spec in root.glob(f"*/{SPEC}"):
+                found[spec.parent.resolve()] = spec.stat().st_mtime
+    return sorted(found, key=found.__getitem__, reverse=True)
+
+
+def run_summary(run_dir: Path) -> dict[str, Any]:
+    history = read_history(run_dir)
+    return {"name": run_dir.name, "path": str(run_dir), "jobs": [e.job_id for e in history],
+            "last_purpose": history[-1].purpose if history else None}

@@ -1,0 +1,259 @@
+"""Real GRPO training with the trl job on CPU (tiny model, real GSM8K): checkpoints, retention,
+metrics, W&B offline, and a kill-then-rerun resume that ends bit-identical to an uninterrupted run.
+
+The jobs run as `python -m hpc_grpo.trl_job --spec RUN_DIR/spec.yaml` subprocesses, exactly as the
+launch script starts them. grpo.entropy_coeff is set so the adapter moves from step 1 on (a random
+model scores 0 on GSM8K, so without it every GRPO gradient would be zero and "bit-identical" trivial).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_grpo.engines.trl import checkpoint_dir, list_checkpoints, newest_complete
+from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.spec import RunSpec
+from hpc_grpo.trl_job import INCOMPLETE_DIR, quarantine_incomplete, target_steps, trim_metrics
+from hpc_grpo.yamlio import dump_yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_GSM8K = REPO.parent / "shared/data/gsm8k"
+STEPS, SAVE_FREQ, KEEP = 8, 2, 2
+KILL_AFTER = 4
+JOB_TIMEOUT_S = 240
+COMPARED = ("reward", "reward_std", "loss", "kl", "entropy", "grad_norm", "lr", "completion_length")
+
+
+def _require_shared_data() -> Path:
+    if not SHARED_GSM8K.is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"GSM8K data folder {SHARED_GSM8K} is missing in CI")
+        reason = f"GSM8K data folder {SHARED_GSM8K} is absent"
+        print(reason)
+        pytest.skip(reason)
+    return SHARED_GSM8K
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Prepared GSM8K (real files) and the folders the jobs share: model, caches, run root."""
+    from hpc_grpo.data import prepare_gsm8k
+
+    src = _require_shared_data()
+    root = tmp_path_factory.mktemp("trl-train")
+    data = prepare_gsm8k(src, root / "data")
+    return {"root": root, "train": data.trl_train, "test": data.trl_test, "model": root / "models" / "tiny-qwen2"}
+
+
+def job_env(root: Path) -> dict[str, str]:
+    """No network, every cache inside the test's temp dir, this checkout importable."""
+    env = dict(os.environ)
+    env.update({
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(root / "hf_home"),
+        "WANDB_MODE": "offline",
+        "WANDB_CACHE_DIR": str(root / "wandb_cache"),
+        "WANDB_CONFIG_DIR": str(root / "wandb_config"),
+        "WANDB_SILENT": "true",
+        "CUDA_VISIBLE_DEVICES": "",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    })
+    env.pop("WANDB_API_KEY", None)
+    return env
+
+
+def make_run(work: dict[str, Path], name: str, *extra: str) -> RunSpec:
+    """The tiny-gsm8k recipe shortened to STEPS steps, frozen into RUN_DIR/spec.yaml."""
+    spec = resolve_spec(
+        "tiny-gsm8k",
+        "local",
+        overrides=[
+            f"cluster.runs_root={work['root'] / 'runs'}",
+            f"model.path={work['model']}",
+            f"data.train_files={work['train']}",
+            f"data.val_files={work['test']}",
+            f"train.total_training_steps={STEPS}",
+            f"checkpoint.save_freq={SAVE_FREQ}",
+            f"checkpoint.keep={KEEP}",
+            "grpo.entropy_coeff=0.01",
+            *extra,
+        ],
+        run_name=name,
+    )
+    spec.path.mkdir(parents=True)
+    (spec.path / "spec.yaml").write_text(dump_yaml(spec.model_dump(mode="json")), encoding="utf-8")
+    return spec
+
+
+def job_argv(spec: RunSpec) -> list[str]:
+    return [sys.executable, "-m", "hpc_grpo.trl_job", "--spec", str(spec.path / "spec.yaml")]
+
+
+def run_job(spec: RunSpec, env: dict[str, str]) -> tuple[str, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run(job_argv(spec), cwd=REPO, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, f"job failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    return proc.stdout, elapsed
+
+
+def metrics(spec: RunSpec) -> list[dict]:
+    return [json.loads(line) for line in (spec.path / "metrics.jsonl").read_text().splitlines()]
+
+
+def adapter(spec: RunSpec, step: int) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(checkpoint_dir(spec) / f"checkpoint-{step}" / "adapter_model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def run_a(work: dict[str, Path]) -> RunSpec:
+    """Run A: STEPS uninterrupted steps, W&B offline on; the job builds the tiny model on first use."""
+    spec = make_run(work, "a", "logging.logger=[console,wandb]")
+    out, elapsed = run_job(spec, job_env(work["root"]))
+    print(f"\nrun A: {STEPS} steps in {elapsed:.1f} s (job wall time incl. start-up and the tiny-model build)")
+    assert "building the tiny model" in out and "no complete checkpoint: starting from step 0" in out
+    return spec
+
+
+# --------------------------------------------------------------------------------------- the tests
+def test_run_writes_checkpoints_metrics_and_done(run_a: RunSpec) -> None:
+    ckpts = list_checkpoints(checkpoint_dir(run_a))
+    assert [(c.step, c.complete) for c in ckpts] == [(6, True), (8, True)], ckpts  # keep=2 pruned 2 and 4
+
+    rows = metrics(run_a)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for r in rows:
+        assert isinstance(r["reward"], float) and 0.0 <= r["reward"] <= 1.0
+        assert isinstance(r["loss"], float) and isinstance(r["kl"], float) and r["lr"] == pytest.approx(1e-3)
+
+    done = json.loads((run_a.path / "train_done.json").read_text())
+    assert done["final_step"] == STEPS and done["resumed_from"] is None
+    assert done["last_checkpoint"] == str(checkpoint_dir(run_a) / f"checkpoint-{STEPS}")
+    assert done["wall_time_s"] > 0
+
+    assert list((run_a.path / "wandb").glob("offline-run-*")), "W&B offline run not inside the run directory"
+
+    # the adapter really trains, so the resume comparison below is not trivially equal
+    six, eight = adapter(run_a, 6), adapter(run_a, 8)
+    assert any(not (six[k] == eight[k]).all() for k in eight)
+
+
+def test_kill_then_rerun_is_bit_identical(work: dict[str, Path], run_a: RunSpec) -> None:
+    env = job_env(work["root"])
+    spec = make_run(work, "b")  # the SAME settings as run A (max_steps 8): only the schedule stays identical
+    ckpt_dir = checkpoint_dir(spec)
+
+    t0 = time.monotonic()
+    proc = subprocess.Popen(job_argv(spec), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    killed_at = None
+    try:
+        while time.monotonic() - t0 < JOB_TIMEOUT_S and proc.poll() is None:
+            newest = newest_complete(ckpt_dir)
+            if newest is not None and newest.step >= KILL_AFTER:
+                os.killpg(proc.pid, signal.SIGKILL)  # preemption without warning: no chance to save
+                killed_at = newest.step
+                break
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None and killed_at is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        out_b = proc.communicate(timeout=60)[0].decode(errors="replace")
+    elapsed_b = time.monotonic() - t0
+    assert killed_at is not None, f"job B never reached checkpoint-{KILL_AFTER}:\n{out_b[-4000:]}"
+    assert proc.returncode == -signal.SIGKILL
+    assert killed_at < STEPS
+
+    # A kill in the middle of the next save leaves a half-written folder: the rerun must not trust it.
+    half = ckpt_dir / f"checkpoint-{killed_at + SAVE_FREQ}"
+    if not half.exists():
+        half.mkdir()
+        (half / "adapter_model.safetensors").write_bytes(b"\0" * 10)
+        (half / "trainer_state.json").write_text('{"global_step": ')
+    steps_before = [r["step"] for r in metrics(spec)]
+    assert steps_before[:killed_at] == list(range(1, killed_at + 1))
+
+    out, elapsed_rerun = run_job(spec, env)
+    print(f"\nrun B: killed after checkpoint-{killed_at} at {elapsed_b:.1f} s; rerun to step {STEPS} in {elapsed_rerun:.1f} s")
+    assert f"resuming from {ckpt_dir / f'checkpoint-{killed_at}'} (step {killed_at})" in out
+    assert f"moved incomplete checkpoint-{killed_at + SAVE_FREQ}" in out
+    assert list((spec.path / INCOMPLETE_DIR).glob(f"checkpoint-{killed_at + SAVE_FREQ}.*"))
+
+    # the final adapter equals run A's bit for bit
+    a, b = adapter(run_a, STEPS), adapter(spec, STEPS)
+    assert sorted(a) == sorted(b)
+    import torch
+
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs after resume"
+
+    # one metrics line per step, and every logged number equals run A's
+    rows_a, rows_b = metrics(run_a), metrics(spec)
+    assert [r["step"] for r in rows_b] == list(range(1, STEPS + 1))
+    for ra, rb in zip(rows_a, rows_b):
+        assert {k: ra.get(k) for k in COMPARED} == {k: rb.get(k) for k in COMPARED}, ra["step"]
+
+    done = json.loads((spec.path / "train_done.json").read_text())
+    assert done["final_step"] == STEPS and done["resumed_from"] == str(ckpt_dir / f"checkpoint-{killed_at}")
+
+    # A requeue of the finished run trains nothing (transformers would otherwise run one extra step).
+    out, elapsed_again = run_job(spec, env)
+    assert f"already trained: checkpoint-{STEPS} is step {STEPS} of {STEPS}" in out
+    assert newest_complete(ckpt_dir).step == STEPS and len(metrics(spec)) == STEPS
+    assert elapsed_again < 30
+
+
+# -------------------------------------------------------------------------- job helpers (no training)
+def fake_checkpoint(root: Path, step: int, skip: tuple[str, ...] = ()) -> Path:
+    """A checkpoint-N folder in the formats transformers writes (safetensors, torch zip files)."""
+    import struct
+    import zipfile
+
+    d = root / f"checkpoint-{step}"
+    d.mkdir(parents=True)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (d / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        if name not in skip:
+            with zipfile.ZipFile(d / name, "w") as zf:
+                zf.writestr("archive/data.pkl", b"x")
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 8}))
+    return d
+
+
+def test_trim_metrics_drops_steps_to_be_retrained(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    assert trim_metrics(path, 4) == 0
+    lines = [json.dumps({"step": s, "reward": 0.0}) for s in range(1, 7)] + ['{"step": 7, "rew']
+    path.write_text("\n".join(lines))
+    assert trim_metrics(path, 4) == 3
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3, 4]
+    assert trim_metrics(path, 4) == 0
+
+
+def test_quarantine_moves_only_incomplete(tmp_path: Path) -> None:
+    ckpts = tmp_path / "checkpoints"
+    fake_checkpoint(ckpts, 2)
+    fake_checkpoint(ckpts, 4, skip=("optimizer.pt",))
+    moved = quarantine_incomplete(ckpts, tmp_path)
+    assert [p.parent for p in moved] == [tmp_path / INCOMPLETE_DIR] and moved[0].name.startswith("checkpoint-4.")
+    assert (moved[0] / "trainer_state.json").is_file()  # moved, not deleted
+    assert [c.step for c in list_checkpoints(ckpts)] == [2]
+
+
+def test_target_steps(tmp_path: Path) -> None:
+    ckpt = newest_complete(fake_checkpoint(tmp_path / "c", 2).parent)
+    assert target_steps(24, None) == 24 and target_steps(-1, None) is None
+    assert target_steps(-1, ckpt) == 8  # epoch-based: what trl recorded in trainer_state.json
