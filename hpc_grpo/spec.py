@@ -96,26 +96,31 @@ def _bad_word(v: str) -> str:
     raise ValueError(f"{v!r} cannot go on an #SBATCH line: use letters, digits and . , : @ + = _ - only")
 
 
-TIME_RE = re.compile(r"^(?:(\d+)-)?(\d{1,3}):(\d{2})(?::(\d{2}))?$")
-
-
 def parse_time_minutes(value: str | int) -> int:
-    """Slurm time ('D-HH:MM:SS', 'HH:MM:SS', 'HH:MM' or minutes) -> whole minutes."""
+    """Slurm's time formats -> whole minutes (seconds round up), exactly as sbatch reads them:
+    "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S"."""
     if isinstance(value, bool):
         raise ValueError("time must be minutes or 'HH:MM:SS', not a boolean")
-    if isinstance(value, int):
-        minutes = value
+    text = str(value).strip()
+    days, clock = text.split("-", 1) if "-" in text else ("", text)
+    parts = clock.split(":")
+    if not all(p.isdigit() for p in parts) or ("-" in text and not days.isdigit()) or len(parts) > 3:
+        raise ValueError(f"time {value!r} is not minutes, 'M:S', 'H:M:S' or 'D-H[:M[:S]]'")
+    nums = [int(p) for p in parts]
+    if days:
+        h, m, sec = (nums + [0, 0])[:3]
+        total_s = ((int(days) * 24 + h) * 60 + m) * 60 + sec
+    elif len(nums) == 1:
+        total_s = nums[0] * 60
+    elif len(nums) == 2:
+        total_s = nums[0] * 60 + nums[1]
     else:
-        m = TIME_RE.match(str(value).strip())
-        if not m:
-            raise ValueError(f"time {value!r} is not 'D-HH:MM:SS', 'HH:MM:SS' or minutes")
-        days, hours, mins, secs = (int(g) if g else 0 for g in m.groups())
-        if mins >= 60 or secs >= 60:
-            raise ValueError(f"time {value!r}: minutes and seconds must be below 60")
-        minutes = days * 1440 + hours * 60 + mins + (1 if secs else 0)
-    if minutes <= 0:
+        total_s = (nums[0] * 60 + nums[1]) * 60 + nums[2]
+    if len(nums) > 1 and (nums[-1] >= 60 or (len(nums) == 3 and nums[1] >= 60)):
+        raise ValueError(f"time {value!r}: minutes and seconds must be below 60")
+    if total_s <= 0:
         raise ValueError(f"time {value!r} must be positive")
-    return minutes
+    return -(-total_s // 60)
 
 
 class Resources(Strict):
@@ -142,7 +147,7 @@ class Resources(Strict):
 
     @property
     def time_min(self) -> int:
-        return parse_time_minutes(int(self.time) if self.time.isdigit() else self.time)
+        return parse_time_minutes(self.time)
 
 
 class Parallel(Strict):
@@ -362,7 +367,7 @@ class Cluster(Strict):
 
     @property
     def time_max_min(self) -> int:
-        return parse_time_minutes(int(self.time_max) if self.time_max.isdigit() else self.time_max)
+        return parse_time_minutes(self.time_max)
 
     def runs_root_path(self) -> Path:
         """runs_root with ~ and $VARS expanded; an unset variable is an error, not a literal '$'."""

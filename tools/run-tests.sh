@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The README's test command (and CI's): set up the environment, start the local Slurm cluster, run every test.
+#   bash tools/run-tests.sh [pytest args ...]
+# Needs root and apt for the Slurm cluster (Debian packages) and shellcheck; elsewhere the Slurm tests skip with
+# the reason printed (never in CI, where they fail instead).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+bash tools/setup-env.sh dev
+
+if ! command -v shellcheck >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "hpc-grpo: installing shellcheck"
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null
+fi
+
+started_slurm=0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  bash tools/slurm-dev/start.sh
+  started_slurm=1
+fi
+cleanup() {
+  if [ "$started_slurm" = 1 ]; then bash tools/slurm-dev/stop.sh || true; fi
+}
+trap cleanup EXIT
+if [ -f .slurm-dev/env.sh ]; then
+  # shellcheck disable=SC1091  # written by tools/slurm-dev/start.sh
+  source .slurm-dev/env.sh
+fi
+
+export WANDB_MODE=offline HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
