@@ -18,11 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hpc_grpo.yamlio import SpecError
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
-PASSTHROUGH_KEY_RE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}\Z")
+PASSTHROUGH_KEY_RE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*\Z")
 # Values that land on #SBATCH lines, which no shell parses, so quoting cannot protect them.
-SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:@+=-]+$")
-PATH_RE = re.compile(r"^[A-Za-z0-9_./@%+=:,~-]+$")
+SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:@+=-]+\Z")
+PATH_RE = re.compile(r"^[A-Za-z0-9_./@%+=:,~-]+\Z")
 
 
 def check_name(value: str, what: str) -> str:
@@ -359,7 +359,7 @@ class Cluster(Strict):
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for key in v:
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
             if key in SECRET_ENV:
                 raise ValueError(f"{key} is a secret: it must come from the job's environment, never a profile")

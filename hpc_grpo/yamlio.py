@@ -96,4 +96,4 @@ def parse_scalar(text: str) -> Any:
 
 
 def dump_yaml(data: Any) -> str:
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=False)

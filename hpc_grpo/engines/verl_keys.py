@@ -71,7 +71,7 @@ NOT_IN_VERL: dict[str, str] = {
     "save_interval": "trainer.save_freq (recipe key checkpoint.save_freq)",
 }
 
-KEY_RE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
+KEY_RE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*\Z")
 
 
 def bare_key(key: str) -> str:

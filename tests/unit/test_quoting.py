@@ -144,8 +144,7 @@ def test_values_survive_the_shell_exactly(value: str) -> None:
 
         # The frozen spec reads back to the same values (its header comment holds the overrides).
         frozen = load_frozen(cwd / "run" / "spec.yaml")
-        if "\x85" not in value:  # yamlio.dump_yaml loses NEL: test_frozen_spec_keeps_nel (xfail)
-            assert frozen.cluster.env["FOO"] == value and frozen.recipe.passthrough["+trainer.foo"] == value
+        assert frozen.cluster.env["FOO"] == value and frozen.recipe.passthrough["+trainer.foo"] == value
 
         # (c) the model path; `~` and `$VAR` are expanded at resolve time, and `$` naming no variable is refused
         try:
@@ -167,8 +166,6 @@ def test_values_survive_the_shell_exactly(value: str) -> None:
     assert pwned_state() == before, "/tmp/pwned was created or touched"
 
 
-@pytest.mark.xfail(strict=True, reason="yamlio.dump_yaml (allow_unicode=True) writes U+0085 (NEL) raw inside a "
-                   "quoted scalar and YAML reads it back as a line break, so spec.yaml turns it into a space")
 def test_frozen_spec_keeps_nel(tmp_path: Path) -> None:
     with pytest.MonkeyPatch.context() as mp:
         pinned(mp)
