@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Callable
 
 __all__ = [
     "SOLUTION_CLIP_CHARS",
@@ -87,15 +87,20 @@ def completion_text(completion: Any) -> str:
     raise TypeError(f"unsupported completion type {type(completion).__name__}: expected str or list of messages")
 
 
-def gsm8k_trl_reward(
-    completions: Iterable[Any],
-    ground_truth: Iterable[Any],
-    **kwargs: Any,
-) -> list[float]:
-    """trl GRPOTrainer reward function: trl passes dataset columns by name, so the `ground_truth`
-    column of our trl rows arrives here; extra columns (prompts, completion_ids, ...) are ignored."""
-    completions = list(completions)
-    truths = list(ground_truth)
-    if len(completions) != len(truths):
-        raise ValueError(f"{len(completions)} completions but {len(truths)} ground truths")
-    return [gsm8k_reward(completion_text(c), str(gt)) for c, gt in zip(completions, truths)]
+def make_trl_reward(method: str = "strict", format_score: float = 0.0) -> Callable[..., list[float]]:
+    """A trl reward function with verl's scorer settings; trl names the logged metric after __name__."""
+
+    def reward(completions: Iterable[Any], ground_truth: Iterable[Any], **kwargs: Any) -> list[float]:
+        completions = list(completions)
+        truths = list(ground_truth)
+        if len(completions) != len(truths):
+            raise ValueError(f"{len(completions)} completions but {len(truths)} ground truths")
+        return [gsm8k_reward(completion_text(c), str(gt), format_score=format_score, method=method)
+                for c, gt in zip(completions, truths)]
+
+    reward.__name__ = f"gsm8k_{method}"
+    return reward
+
+
+# verl's default: strict, 0 for a wrong answer.
+gsm8k_trl_reward = make_trl_reward()

@@ -174,6 +174,8 @@ class Grpo(Strict):
     entropy_coeff: float = Field(default=0.0, ge=0)
     norm_adv_by_std: bool = True
     temperature: float = Field(default=1.0, gt=0)
+    reward: Literal["gsm8k_strict", "gsm8k_flexible"] = "gsm8k_strict"
+    format_score: float = Field(default=0.0, ge=0, le=1, description="reward for a parsable but wrong answer")
 
 
 class Batch(Strict):

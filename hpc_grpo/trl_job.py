@@ -7,12 +7,14 @@ and drops metric lines of steps that will be trained again. Heavy imports (torch
 trl, peft, datasets) happen inside main(), so importing this module stays cheap.
 
 Files it writes in RUN_DIR: checkpoints/checkpoint-N/ (trl), metrics.jsonl (one line per step),
-train_done.json (on success), checkpoints-incomplete/ (moved-aside partial checkpoints), wandb/.
+train_done.json (on success), checkpoints-incomplete/ (moved-aside partial checkpoints),
+prompt_lengths.json (tokenized prompt lengths, reused by requeued jobs), wandb/.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -34,6 +36,7 @@ from hpc_grpo.spec import RunSpec
 
 METRICS_FILE = "metrics.jsonl"
 DONE_FILE = "train_done.json"
+LENGTHS_FILE = "prompt_lengths.json"
 INCOMPLETE_DIR = "checkpoints-incomplete"
 # trl log key -> metrics.jsonl key
 METRIC_KEYS = {
@@ -63,19 +66,26 @@ def log(message: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ run dir state
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write via a temp file and os.replace, so a kill never leaves half a JSON file behind."""
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temp file and os.replace, so a kill never leaves half a file behind. The mode
+    follows the umask (mkstemp's 0600 would hide the file from a group sharing the run dir)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True)
-            fh.write("\n")
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def trim_metrics(path: Path, resume_step: int) -> int:
@@ -99,10 +109,7 @@ def trim_metrics(path: Path, resume_step: int) -> int:
         else:
             dropped += 1
     if dropped:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write("".join(f"{line}\n" for line in kept))
-        os.replace(tmp, path)
+        write_atomic(path, "".join(f"{line}\n" for line in kept))
     return dropped
 
 
@@ -178,35 +185,75 @@ def load_train_dataset(spec: RunSpec) -> Any:
     return ds
 
 
-def filter_prompts(ds: Any, tokenizer: Any, spec: RunSpec) -> Any:
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
+                   "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json")
+
+
+def lengths_key(spec: RunSpec, model_path: str) -> dict[str, Any] | None:
+    """What the cached prompt lengths depend on: the train file and the tokenizer's files.
+    None (no caching) when the model is a Hub id without a local folder."""
+    folder = Path(model_path)
+    if not folder.is_dir():
+        return None
+    train = Path(spec.recipe.data.train_files)
+    st = train.stat()
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        f = folder / name
+        if f.is_file():
+            digest.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return {"train_file": str(train.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "tokenizer_sha256": digest.hexdigest()}
+
+
+def prompt_lengths(prompts: list[Any], tokenizer: Any, cache: Path | None, key: dict[str, Any] | None) -> list[int]:
+    """Token count of every prompt as the model sees it (chat template + generation prompt).
+
+    Tokenizing GSM8K's 7.5k prompts costs seconds; the result is kept in the run directory so a
+    requeued job does not pay again (bigger data sets: minutes).
+    """
+    if cache is not None and key is not None and cache.is_file():
+        try:
+            data = json.loads(cache.read_text(encoding="utf-8"))
+            if data.get("key") == key and len(data.get("lengths", ())) == len(prompts):
+                return [int(n) for n in data["lengths"]]
+        except (OSError, ValueError, TypeError):
+            pass  # a damaged cache is recomputed
+    out: list[int] = []
+    for i in range(0, len(prompts), 1000):
+        chunk = prompts[i:i + 1000]
+        if chunk and isinstance(chunk[0], str):
+            ids = tokenizer(chunk)["input_ids"]
+        else:
+            ids = tokenizer.apply_chat_template(chunk, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        out.extend(len(x) for x in ids)
+    if cache is not None and key is not None:
+        write_atomic(cache, json.dumps({"key": key, "lengths": out}))
+    return out
+
+
+def filter_prompts(ds: Any, tokenizer: Any, spec: RunSpec, model_path: str) -> Any:
     """Enforce data.max_prompt_length (trl 1.16 has no such setting): drop overlong prompts like
     verl's filter_overlong_prompts, or stop when data.truncation is 'error'."""
     d = spec.recipe.data
     limit = d.max_prompt_length
-
-    def lengths(batch: dict[str, list[Any]]) -> dict[str, list[int]]:
-        prompts = batch["prompt"]
-        if prompts and isinstance(prompts[0], str):
-            ids = tokenizer(prompts)["input_ids"]
-        else:
-            ids = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        return {"_prompt_len": [len(x) for x in ids]}
-
     n_before = len(ds)
-    measured = ds.map(lengths, batched=True, batch_size=1000)
-    too_long = sum(1 for n in measured["_prompt_len"] if n > limit)
+    lengths = prompt_lengths(list(ds["prompt"]), tokenizer, Path(spec.run_dir) / LENGTHS_FILE,
+                             lengths_key(spec, model_path))
+    keep = [i for i, n in enumerate(lengths) if n <= limit]
+    too_long = n_before - len(keep)
     if too_long and d.filter_overlong_prompts:
-        measured = measured.filter(lambda row: row["_prompt_len"] <= limit)
+        ds = ds.select(keep)
         log(f"dropped {too_long} of {n_before} prompts longer than data.max_prompt_length={limit}")
     elif too_long and d.truncation == "error":
         raise JobError(f"{too_long} of {n_before} prompts are longer than data.max_prompt_length={limit}: "
                        "raise it, or set data.filter_overlong_prompts=true")
     elif too_long:
         log(f"warning: {too_long} prompts exceed data.max_prompt_length={limit} and are kept whole")
-    if not len(measured):
+    if not len(ds):
         raise JobError(f"no prompt fits data.max_prompt_length={limit}")
-    return measured.remove_columns("_prompt_len")
+    return ds
 
 
 def build_grpo_config(kwargs: dict[str, Any]) -> Any:
@@ -228,8 +275,8 @@ def metrics_callback(path: Path, max_steps: int) -> Any:
 
     class MetricsCallback(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
-            if not logs or not ("loss" in logs or "reward" in logs):
-                return  # the end-of-training summary has neither
+            if not state.is_world_process_zero or not logs or not ("loss" in logs or "reward" in logs):
+                return  # one writer; and the end-of-training summary has neither key
             row: dict[str, Any] = {"step": state.global_step}
             for src, dst in METRIC_KEYS.items():
                 value = logs.get(src)
@@ -300,10 +347,10 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer, PrinterCallback
     from trl import GRPOTrainer
 
-    from hpc_grpo.rewards import gsm8k_trl_reward
+    from hpc_grpo.rewards import make_trl_reward
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=spec.recipe.model.trust_remote_code)
-    dataset = filter_prompts(load_train_dataset(spec), tokenizer, spec)
+    dataset = filter_prompts(load_train_dataset(spec), tokenizer, spec, model_path)
 
     config = build_grpo_config(grpo_config_kwargs(spec, use_cpu=use_cpu))
     lora_kwargs = lora_config_kwargs(spec)
@@ -313,7 +360,7 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
 
     trainer = GRPOTrainer(
         model=model_path,
-        reward_funcs=gsm8k_trl_reward,
+        reward_funcs=make_trl_reward(spec.recipe.grpo.reward.removeprefix("gsm8k_"), spec.recipe.grpo.format_score),
         args=config,
         train_dataset=dataset,
         peft_config=peft_config,

@@ -325,7 +325,10 @@ def _check_passthrough(spec: RunSpec) -> list[Finding]:
                 hint = f"did you mean '{close[0]}'?"
             else:
                 hint = "see trl's GRPOConfig for the field names"
-            why = "trl takes GRPOConfig field names, not dotted keys" if "." in key else f"is not a field of trl {TRL_VERSION}'s GRPOConfig"
+            if "." in key:
+                why = "trl takes GRPOConfig field names, not dotted keys"
+            else:
+                why = f"is not a field of trl {TRL_VERSION}'s GRPOConfig"
             out.append(error(pkey, why, hint))
     return out
 

@@ -154,6 +154,11 @@ class VerlEngine:
     def check(self, spec: RunSpec) -> list[Finding]:
         """Passthrough keys: well-formed, real verl keys, and not fighting a modelled field."""
         findings: list[Finding] = []
+        g = spec.recipe.grpo
+        if g.reward != "gsm8k_strict" or g.format_score:
+            findings.append(error("grpo.reward", "verl's built-in GSM8K reward is the strict scorer with format score 0",
+                                  "use grpo.reward=gsm8k_strict grpo.format_score=0, or a custom reward function "
+                                  "(passthrough custom_reward_function.path=...)"))
         owned = {o.key: o.source for o in modelled_overrides(spec)}
         for key in spec.recipe.passthrough:
             pkey = f"passthrough.{key}"

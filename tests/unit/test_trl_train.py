@@ -21,7 +21,7 @@ import pytest
 from hpc_grpo.engines.trl import checkpoint_dir, list_checkpoints, newest_complete
 from hpc_grpo.resolve import resolve_spec
 from hpc_grpo.spec import RunSpec
-from hpc_grpo.trl_job import INCOMPLETE_DIR, quarantine_incomplete, target_steps, trim_metrics
+from hpc_grpo.trl_job import INCOMPLETE_DIR, prompt_lengths, quarantine_incomplete, target_steps, trim_metrics
 from hpc_grpo.yamlio import dump_yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,6 +123,7 @@ def run_a(work: dict[str, Path]) -> RunSpec:
     spec = make_run(work, "a", "logging.logger=[console,wandb]")
     out, elapsed = run_job(spec, job_env(work["root"]))
     print(f"\nrun A: {STEPS} steps in {elapsed:.1f} s (job wall time incl. start-up and the tiny-model build)")
+    print("\n".join(line for line in out.splitlines() if line.startswith("[hpc-grpo")))
     assert "building the tiny model" in out and "no complete checkpoint: starting from step 0" in out
     return spec
 
@@ -144,6 +145,7 @@ def test_run_writes_checkpoints_metrics_and_done(run_a: RunSpec) -> None:
     assert done["wall_time_s"] > 0
 
     assert list((run_a.path / "wandb").glob("offline-run-*")), "W&B offline run not inside the run directory"
+    assert (run_a.path / "prompt_lengths.json").is_file()
 
     # the adapter really trains, so the resume comparison below is not trivially equal
     six, eight = adapter(run_a, 6), adapter(run_a, 8)
@@ -257,3 +259,21 @@ def test_target_steps(tmp_path: Path) -> None:
     ckpt = newest_complete(fake_checkpoint(tmp_path / "c", 2).parent)
     assert target_steps(24, None) == 24 and target_steps(-1, None) is None
     assert target_steps(-1, ckpt) == 8  # epoch-based: what trl recorded in trainer_state.json
+
+
+def test_prompt_lengths_are_cached_per_key(tmp_path: Path) -> None:
+    class CountingTokenizer:
+        calls = 0
+
+        def apply_chat_template(self, chats: list, add_generation_prompt: bool, tokenize: bool) -> dict:
+            CountingTokenizer.calls += 1
+            return {"input_ids": [[0] * len(c[0]["content"]) for c in chats]}
+
+    prompts = [[{"role": "user", "content": "x" * n}] for n in (3, 1, 4)]
+    cache, key = tmp_path / "prompt_lengths.json", {"train_file": "t", "tokenizer_sha256": "a"}
+    tok = CountingTokenizer()
+    assert prompt_lengths(prompts, tok, cache, key) == [3, 1, 4] and tok.calls == 1
+    assert prompt_lengths(prompts, tok, cache, key) == [3, 1, 4] and tok.calls == 1  # from the cache
+    assert prompt_lengths(prompts, tok, cache, {**key, "tokenizer_sha256": "b"}) == [3, 1, 4] and tok.calls == 2
+    cache.write_text("{broken")
+    assert prompt_lengths(prompts, tok, cache, key) == [3, 1, 4] and tok.calls == 3

@@ -17,12 +17,16 @@ cpus_per_node=96
 join_timeout_s=180
 job_id="${SLURM_JOB_ID:?launch.sh runs inside a Slurm job}"
 node_index="${SLURM_NODEID:?}"
+# A requeued job keeps its id: files that mark one allocation's progress carry the restart count too.
+attempt="${SLURM_RESTART_COUNT:-0}"
+# Every hpc-grpo line carries the wall-clock time (epoch seconds), so join and teardown times can be read off the log.
+log() { echo "hpc-grpo: [$(date +%s.%3N)] $*"; }
 # Relative paths (Hydra's outputs/ folder among them) land in the run directory, on every node.
 cd "$run_dir"
 
 mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:?}")
 if [ "${#nodes[@]}" -ne "$nnodes" ]; then
-  echo "hpc-grpo: expected $nnodes nodes, Slurm gave ${#nodes[@]}: ${nodes[*]}" >&2
+  log "expected $nnodes nodes, Slurm gave ${#nodes[@]}: ${nodes[*]}" >&2
   exit 1
 fi
 node_addr() {
@@ -32,7 +36,7 @@ head_node="${nodes[0]}"
 head_ip="$(node_addr "$head_node")"
 my_ip="$(node_addr "${SLURMD_NODENAME:?}")"
 if [ -z "$head_ip" ] || [ -z "$my_ip" ]; then
-  echo "hpc-grpo: scontrol gave no NodeAddr for $head_node or ${SLURMD_NODENAME}" >&2
+  log "scontrol gave no NodeAddr for $head_node or ${SLURMD_NODENAME}" >&2
   exit 1
 fi
 
@@ -44,7 +48,8 @@ my_base=$(( port_base + (node_index % 4) * 100 ))
 gcs_address="$head_ip:$port_base"
 state_dir=/runs/golden/ray"/$job_id"
 mkdir -p "$state_dir"
-done_file="$state_dir/driver-exited"
+done_file="$state_dir/driver-exited.$attempt"
+joined_file="$state_dir/joined.$attempt"
 ray_tmp="/tmp/hpc-grpo-ray-$job_id-$node_index"
 
 export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
@@ -79,17 +84,26 @@ stop_ray() {
 }
 
 if [ "$node_index" -eq 0 ]; then
-  rm -f "$done_file"
+  rm -f "$done_file" "$joined_file"
   # `|| true`: a failed touch (shared filesystem trouble) must not skip stop_ray under `set -e`.
-  trap 'touch "$done_file" || true; stop_ray' EXIT
-  # The Ray client server would take its fixed default port 10001, which a second job's head on this host needs too.
-  ray start --head --port="$port_base" --ray-client-server-port=$(( my_base + 7 )) --include-dashboard=false \
-    "${ray_args[@]}" &
+  trap 'touch "$done_file" || true; stop_ray; log "Ray head stopped"' EXIT
+  # With ray[client] installed the head starts a Ray client server on the fixed default port 10001, which a second
+  # job's head on this host needs too: move it into this node's block. Minimal `ray` (no grpc) has no client server
+  # and aborts when given the flag at all.
+  client_args=()
+  if python3 -c 'import grpc' 2>/dev/null; then
+    client_args=(--ray-client-server-port=$(( my_base + 7 )))
+  fi
+  log "starting the Ray head on $head_node ($gcs_address) for $nnodes node(s)"
+  # The API server runs even without the dashboard (on localhost): its port goes into the block too (default 8265 is
+  # fixed, so a second head on the host would lose it). No autoscaler monitor: Slurm fixes the node set.
+  ray start --head --port="$port_base" "${client_args[@]}" --include-dashboard=false \
+    --dashboard-port=$(( my_base + 8 )) --no-monitor "${ray_args[@]}" &
   ray_pid=$!
-  echo "hpc-grpo: Ray head on $head_node ($gcs_address), waiting for $nnodes node(s)"
   python3 -m hpc_grpo.ray_wait --address "$gcs_address" --nodes "$nnodes" \
-    --gpus $(( nnodes * gpus_per_node )) --timeout "$join_timeout_s" --expect "${nodes[@]}" --ray-pid "$ray_pid"
-  echo "hpc-grpo: all $nnodes node(s) joined; starting the driver"
+    --gpus $(( nnodes * gpus_per_node )) --timeout "$join_timeout_s" --expect "${nodes[@]}" --ray-pid "$ray_pid" \
+    --marker "$joined_file"
+  log "all $nnodes node(s) joined; starting the driver"
   driver_status=0
   export WANDB_RESUME=allow
   export WANDB_RUN_ID=golden
@@ -162,18 +176,23 @@ if [ "$node_index" -eq 0 ]; then
     +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RESUME=allow
   )
   RAY_ADDRESS="$gcs_address" "${driver[@]}" || driver_status=$?
-  echo "hpc-grpo: driver exited with status $driver_status"
+  log "driver exited with status $driver_status"
   exit "$driver_status"
 else
-  trap stop_ray EXIT
+  trap 'stop_ray; log "node ${nodes[$node_index]}: Ray worker stopped"' EXIT
   deadline=$(( SECONDS + join_timeout_s ))
   until timeout 1 bash -c "exec 3<>/dev/tcp/$head_ip/$port_base" 2>/dev/null; do
-    if [ "$SECONDS" -ge "$deadline" ]; then
-      echo "hpc-grpo: node ${nodes[$node_index]}: Ray head $gcs_address not reachable after ${join_timeout_s}s" >&2
+    if [ -e "$done_file" ]; then
+      log "node ${nodes[$node_index]}: node 0 finished before its Ray head was reachable" >&2
       exit 1
     fi
-    sleep 0.2
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      log "node ${nodes[$node_index]}: Ray head $gcs_address not reachable after ${join_timeout_s}s" >&2
+      exit 1
+    fi
+    sleep 0.1
   done
+  log "node ${nodes[$node_index]}: starting a Ray worker ($my_ip) joining $gcs_address"
   ray start --address="$gcs_address" "${ray_args[@]}" &
   ray_pid=$!
   # Stay until the driver on node 0 has exited (or this node's Ray died).

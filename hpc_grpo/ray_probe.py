@@ -1,0 +1,62 @@
+"""A stand-in driver for the verl launch path: join the job's Ray cluster, record what it holds, exit 0.
+
+Recipe ray-probe sets `launch.driver: [python3, -m, hpc_grpo.ray_probe]`, so the real bootstrap of
+templates/verl_ray_launch.sh.j2 runs (head on node 0, workers on the others, polling join) and this
+probe checks its result without any training: nodes alive, GPUs in total, each node's address.
+`ray.init()` takes the cluster from RAY_ADDRESS, which launch.sh exports to the driver only.
+The JSON goes to --out (default: probe.json in the run directory, $HPC_GRPO_RUN_DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def probe() -> dict:
+    import ray
+
+    t0 = time.time()
+    ray.init(logging_level="ERROR", log_to_driver=False)
+    try:
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        resources = ray.cluster_resources()
+        return {
+            "address": os.environ.get("RAY_ADDRESS", ""),
+            "nodes_alive": len(alive),
+            "gpus_total": int(resources.get("GPU", 0)),
+            "cpus_total": int(resources.get("CPU", 0)),
+            "nodes": [{"NodeManagerAddress": n.get("NodeManagerAddress"), "NodeManagerPort": n.get("NodeManagerPort"),
+                       "GPU": int(n.get("Resources", {}).get("GPU", 0))} for n in alive],
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+            "init_s": round(time.time() - t0, 3),
+            "time": time.time(),
+        }
+    finally:
+        ray.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", default=None, help="JSON output file (default: $HPC_GRPO_RUN_DIR/probe.json)")
+    p.add_argument("--sleep", type=float, default=0.0, help="stay this many seconds after probing")
+    a = p.parse_args(argv)
+    out = Path(a.out) if a.out else Path(os.environ.get("HPC_GRPO_RUN_DIR", ".")) / "probe.json"
+    result = probe()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out)
+    print(f"hpc-grpo probe: {result['nodes_alive']} node(s), {result['gpus_total']} GPU(s): "
+          f"{sorted(n['NodeManagerAddress'] for n in result['nodes'])}", flush=True)
+    if a.sleep:
+        time.sleep(a.sleep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
