@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.yamlio import SpecError
+
 __all__ = [
     "DATA_SOURCE",
     "HF_DATASET",
@@ -44,7 +46,7 @@ VERL_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info"
 _SCORABLE_GT = re.compile(r"-?[0-9.]+")
 
 
-class DataError(ValueError):
+class DataError(SpecError):
     """Bad input data, located precisely (file and 1-based line) with the fix, so users can act on it."""
 
     def __init__(self, source: str | os.PathLike[str], line: int | None, problem: str, fix: str) -> None:

@@ -37,7 +37,7 @@ def check_name(value: str, what: str) -> str:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, validate_default=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, validate_default=True, defer_build=False)
 
 
 PosInt = Field(gt=0)

@@ -13,7 +13,7 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "hpc-grpo: creating $venv"
   "$python" -m venv "$venv"
 fi
-pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+pip=("$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar on)
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   echo "hpc-grpo: no NVIDIA GPU here: installing torch 2.13.0 (CPU build) first"
