@@ -4,8 +4,6 @@ Every model forbids unknown keys: a typo in a recipe must fail at the login node
 closest valid key, not be ignored and discovered hours into a job.
 """
 
-from __future__ import annotations
-
 import difflib
 import getpass
 import os
@@ -37,7 +35,7 @@ def check_name(value: str, what: str) -> str:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, validate_default=True, defer_build=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, validate_default=True)
 
 
 PosInt = Field(gt=0)
@@ -265,18 +263,18 @@ class Recipe(Strict):
     backend: Literal["fsdp", "megatron"] = "fsdp"
     model: ModelCfg
     data: DataCfg
-    resources: Resources = Resources()
-    parallel: Parallel = Parallel()
-    grpo: Grpo = Grpo()
-    batch: Batch = Batch()
-    offload: Offload = Offload()
-    lora: Lora = Lora()
-    rollout: Rollout = Rollout()
-    checkpoint: Checkpoint = Checkpoint()
-    train: Train = Train()
-    logging: Logging = Logging()
-    eval: Eval = Eval()
-    launch: Launch = Launch()
+    resources: Resources = Field(default_factory=Resources)
+    parallel: Parallel = Field(default_factory=Parallel)
+    grpo: Grpo = Field(default_factory=Grpo)
+    batch: Batch = Field(default_factory=Batch)
+    offload: Offload = Field(default_factory=Offload)
+    lora: Lora = Field(default_factory=Lora)
+    rollout: Rollout = Field(default_factory=Rollout)
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    train: Train = Field(default_factory=Train)
+    logging: Logging = Field(default_factory=Logging)
+    eval: Eval = Field(default_factory=Eval)
+    launch: Launch = Field(default_factory=Launch)
     passthrough: dict[str, Any] = Field(
         default_factory=dict, description="engine keys the schema does not model, verbatim"
     )
@@ -334,7 +332,7 @@ class Cluster(Strict):
     signal_delay_s: int = Field(default=120, ge=0)
     requeue: bool = True
     runs_root: str = "~/hpc-grpo-runs"
-    setup: Setup = Setup()
+    setup: Setup = Field(default_factory=Setup)
     env: dict[str, str] = {}
 
     @field_validator("time_max", mode="before")
