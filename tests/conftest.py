@@ -30,10 +30,17 @@ def tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
-@pytest.fixture
-def gsm8k_dir() -> Path:
+def require_gsm8k() -> Path:
+    """The shared GSM8K files; a skip (with the reason printed) only off CI, where they must exist."""
     if not GSM8K_DIR.is_dir():
         if os.environ.get("CI") == "true":
             pytest.fail(f"{GSM8K_DIR} is missing: CI must have ../shared/data/gsm8k")
-        pytest.skip(f"{GSM8K_DIR} is missing (the GSM8K files live in ../shared beside the checkout)")
+        reason = f"{GSM8K_DIR} is missing (the GSM8K files live in ../shared beside the checkout)"
+        print(reason)
+        pytest.skip(reason)
     return GSM8K_DIR
+
+
+@pytest.fixture
+def gsm8k_dir() -> Path:
+    return require_gsm8k()

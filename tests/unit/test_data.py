@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import require_gsm8k
 
 from hpc_grpo.data import PROMPT_SUFFIX, DataError, load_jsonl, prepare_gsm8k
 
@@ -15,14 +16,7 @@ VERL_COLUMNS = {"data_source", "prompt", "ability", "reward_model", "extra_info"
 SUFFIX_TEXT = 'Let\'s think step by step and output the final answer after "####".'
 
 
-def _require_shared_data() -> Path:
-    if not SHARED_GSM8K.is_dir():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"GSM8K data folder {SHARED_GSM8K} is missing in CI")
-        reason = f"GSM8K data folder {SHARED_GSM8K} is absent"
-        print(reason)
-        pytest.skip(reason)
-    return SHARED_GSM8K
+_require_shared_data = require_gsm8k
 
 
 def _raw_lines(path: Path) -> list[str]:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_gsm8k
+
 from hpc_grpo.engines.trl import checkpoint_dir, list_checkpoints, newest_complete
 from hpc_grpo.resolve import resolve_spec
 from hpc_grpo.spec import RunSpec
@@ -32,14 +34,7 @@ JOB_TIMEOUT_S = 240
 COMPARED = ("reward", "reward_std", "loss", "kl", "entropy", "grad_norm", "lr", "completion_length")
 
 
-def _require_shared_data() -> Path:
-    if not SHARED_GSM8K.is_dir():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"GSM8K data folder {SHARED_GSM8K} is missing in CI")
-        reason = f"GSM8K data folder {SHARED_GSM8K} is absent"
-        print(reason)
-        pytest.skip(reason)
-    return SHARED_GSM8K
+_require_shared_data = require_gsm8k
 
 
 @pytest.fixture(scope="module")
