@@ -423,15 +423,15 @@ def main() -> None:
     except (SpecError, BadInput) as exc:
         err.print(f"[bold red]error:[/] {exc}")
         sys.exit(2)
-    except (typer.BadParameter, typer.Abort) as exc:  # pragma: no cover - click prints its own
-        err.print(str(exc))
-        sys.exit(2)
-    except Exception as exc:  # click usage errors arrive as ClickException
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+    except typer.Abort:
+        err.print("Aborted.")
+        sys.exit(1)
+    except Exception as exc:
+        # Usage errors (unknown option, missing value) are click exceptions from typer's bundled click: they
+        # print themselves and carry their exit code (2).
+        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
-            sys.exit(2)
+            sys.exit(exc.exit_code)
         raise
 
 

@@ -55,6 +55,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("empty-key", {}, ["recipe=qwen2.5-3b-gsm8k-lora", "=5"], "empty key"),
     ("dashdash-key", {}, ["recipe=qwen2.5-3b-gsm8k-lora", "--", "--algorithm.group_size=5"], "algorithm.group_size"),
     ("no-recipe", {}, ["cluster=local"], "recipe"),
+    ("unknown-option", {}, ["recipe=tiny-gsm8k", "--bogus"], "--bogus"),
     ("missing-recipe", {}, ["recipe=nope"], "no recipe named 'nope'"),
     ("missing-cluster", {}, ["recipe=tiny-gsm8k", "cluster=nope"], "no cluster named 'nope'"),
     ("traversal-recipe", {}, ["recipe=../../etc/passwd"], "recipe"),
