@@ -40,6 +40,45 @@ def probe() -> dict:
         ray.shutdown()
 
 
+def leftover_pids(job_id: str, run_dir: str | Path | None = None) -> dict[int, str]:
+    """Processes still tied to a job's Ray, pid -> why; inspects /proc only and never signals anything.
+
+    A process counts when its command line names the job's Ray temp dir (/tmp/hpc-grpo-ray-<job>-<node>), when
+    one of its open files is under that dir (Ray's agents rename themselves to `ray::DashboardAgent`, so their
+    command line no longer shows it, but their log files do, even deleted), or when its working directory is the
+    run directory. Zombies are skipped: they hold nothing but a process-table slot.
+    """
+    needle = f"/tmp/hpc-grpo-ray-{job_id}-"
+    run = str(Path(run_dir).resolve()) if run_dir else None
+    found: dict[int, str] = {}
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if needle in cmdline:
+                found[int(entry.name)] = f"command line: {cmdline[:120]}"
+                continue
+            if run and os.readlink(entry / "cwd") == run:
+                found[int(entry.name)] = f"cwd {run}: {cmdline[:120]}"
+                continue
+            for fd in (entry / "fd").iterdir():
+                try:
+                    target = os.readlink(fd)
+                except OSError:
+                    continue
+                if target.startswith(needle):
+                    found[int(entry.name)] = f"open file {target}: {cmdline[:120]}"
+                    break
+        except (OSError, IndexError):
+            continue
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default=None, help="JSON output file (default: $HPC_GRPO_RUN_DIR/probe.json)")

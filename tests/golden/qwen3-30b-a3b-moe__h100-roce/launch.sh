@@ -75,18 +75,79 @@ ray_args=(
 )
 
 ray_pid=""
+# A process's identity: its start time (field 22 of /proc/PID/stat), empty once it is gone or a zombie.
+proc_id() {
+  local stat
+  stat="$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null)" || return 0
+  # shellcheck disable=SC2086  # split the fields on purpose
+  set -- $stat
+  if [ "${1:-Z}" != Z ]; then echo "${20:-}"; fi
+}
+# Every process below PID $1, one per line.
+descendants() {
+  ps -e -o pid= -o ppid= | awk -v root="$1" '
+    { kids[$2] = kids[$2] " " $1 }
+    END { n = 1; q[1] = root; while (n > 0) { p = q[n--]; m = split(kids[p], c, " ");
+          for (i = 1; i <= m; i++) { print c[i]; q[++n] = c[i] } } }'
+}
 stop_ray() {
   if [ -n "$ray_pid" ] && kill -0 "$ray_pid" 2>/dev/null; then
+    local tree=() left=() entry p deadline
+    for p in $(descendants "$ray_pid"); do
+      tree+=("$p:$(proc_id "$p")")
+    done
     kill -TERM "$ray_pid" 2>/dev/null || true
     wait "$ray_pid" 2>/dev/null || true
+    # `ray start` stops the processes it started itself, but Ray's agents are the raylet's children: when the raylet
+    # goes without stopping them (on a worker whose head left first, measured with Ray 2.60) they stay for minutes
+    # and ignore SIGTERM. Kill what is left of this node's Ray tree: only those PIDs, and only while each PID is
+    # still the same process (same start time).
+    deadline=$(( SECONDS + 3 ))
+    while :; do
+      left=()
+      for entry in "${tree[@]}"; do
+        p="${entry%%:*}"
+        if [ -n "${entry#*:}" ] && [ "$(proc_id "$p")" = "${entry#*:}" ]; then
+          left+=("$p")
+        fi
+      done
+      if [ "${#left[@]}" -eq 0 ]; then
+        break
+      fi
+      if [ "$SECONDS" -ge "$deadline" ]; then
+        log "killing ${#left[@]} Ray process(es) that outlived ray start: ${left[*]}" >&2
+        kill -KILL "${left[@]}" 2>/dev/null || true
+        break
+      fi
+      sleep 0.2
+    done
   fi
   rm -rf "$ray_tmp"
 }
 
+# Node 0, at its end: wait (with a deadline) until every worker node has stopped its Ray.
+workers_stopped() {
+  local deadline=$(( SECONDS + 15 )) i missing
+  while :; do
+    missing=0
+    for (( i = 1; i < nnodes; i++ )); do
+      if [ ! -e "$state_dir/stopped.$attempt.$i" ]; then missing=$(( missing + 1 )); fi
+    done
+    if [ "$missing" -eq 0 ]; then return 0; fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      log "$missing worker node(s) did not report stopping in 15s; stopping the head anyway" >&2
+      return 0
+    fi
+    sleep 0.1
+  done
+}
+
 if [ "$node_index" -eq 0 ]; then
   rm -f "$done_file" "$joined_file"
+  # Teardown order: the workers leave first (they see done_file), then the head stops. A worker whose head went
+  # first loses its GCS and leaves its agents behind (workers_stopped waits for their stopped files).
   # `|| true`: a failed touch (shared filesystem trouble) must not skip stop_ray under `set -e`.
-  trap 'touch "$done_file" || true; stop_ray; log "Ray head stopped"' EXIT
+  trap 'touch "$done_file" || true; workers_stopped; stop_ray; log "Ray head stopped"' EXIT
   # With ray[client] installed the head starts a Ray client server on the fixed default port 10001, which a second
   # job's head on this host needs too: move it into this node's block. Minimal `ray` (no grpc) has no client server
   # and aborts when given the flag at all.
@@ -181,24 +242,22 @@ if [ "$node_index" -eq 0 ]; then
   log "driver exited with status $driver_status"
   exit "$driver_status"
 else
-  trap 'stop_ray; log "node ${nodes[$node_index]}: Ray worker stopped"' EXIT
-  deadline=$(( SECONDS + join_timeout_s ))
-  until timeout 1 bash -c "exec 3<>/dev/tcp/$head_ip/$port_base" 2>/dev/null; do
-    if [ -e "$done_file" ]; then
-      log "node ${nodes[$node_index]}: node 0 finished before its Ray head was reachable" >&2
-      exit 1
-    fi
-    if [ "$SECONDS" -ge "$deadline" ]; then
-      log "node ${nodes[$node_index]}: Ray head $gcs_address not reachable after ${join_timeout_s}s" >&2
-      exit 1
-    fi
-    sleep 0.1
-  done
-  log "node ${nodes[$node_index]}: starting a Ray worker ($my_ip) joining $gcs_address"
-  ray start --address="$gcs_address" "${ray_args[@]}" &
+  stopped_file="$state_dir/stopped.$attempt.$node_index"
+  trap 'stop_ray; touch "$stopped_file" || true; log "node ${nodes[$node_index]}: Ray worker stopped"' EXIT
+  log "node ${nodes[$node_index]}: Ray worker ($my_ip) will join $gcs_address"
+  # `ray start`, with Ray's CLI imported while the head starts; it runs once the head's GCS port answers (exit 3:
+  # not within the join timeout, 4: node 0 already finished).
+  python3 -m hpc_grpo.ray_start --wait "$gcs_address" --timeout "$join_timeout_s" --done-file "$done_file" \
+    --label "node ${nodes[$node_index]}" -- --address="$gcs_address" "${ray_args[@]}" &
   ray_pid=$!
   # Stay until the driver on node 0 has exited (or this node's Ray died).
   while kill -0 "$ray_pid" 2>/dev/null && [ ! -e "$done_file" ]; do
-    sleep 0.5
+    sleep 0.2
   done
+  if [ ! -e "$done_file" ]; then
+    ray_status=0
+    wait "$ray_pid" || ray_status=$?
+    log "node ${nodes[$node_index]}: Ray on this node ended (status $ray_status) before the driver finished" >&2
+    exit $(( ray_status == 0 ? 1 : ray_status ))
+  fi
 fi
