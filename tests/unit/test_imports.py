@@ -42,3 +42,10 @@ def test_render_imports_nothing_heavy(tmp_path) -> None:
 def test_plan_with_schema_imports_only_hydra() -> None:
     mods = loaded("plan", "recipe=qwen2.5-7b-codegen", "cluster=a100-ib")
     assert not mods & (set(HEAVY) - {"hydra"}), mods & set(HEAVY)
+
+
+def test_status_and_runs_import_nothing_heavy(tmp_path) -> None:
+    for argv in (("status", str(tmp_path / "no-such-run")), ("runs", "--json")):
+        mods = loaded(*argv)
+        assert "hpc_grpo" in mods, argv
+        assert not mods & set(HEAVY), (argv, mods & set(HEAVY))
