@@ -127,13 +127,23 @@ def wait_for_nodes(address: str, nodes: int, gpus: int, timeout: float, expect: 
             if head_died():
                 return 1
             if time.monotonic() > deadline:
-                joined = {n.get("NodeManagerAddress") for n in alive}
+                joined = {str(n.get("NodeManagerAddress")) for n in alive}
                 _log(f"after {timeout:.0f}s only {len(alive)} of {nodes} nodes ({have_gpus} of {gpus} GPUs) "
-                     f"joined; joined addresses: {sorted(joined)}; expected nodes: {expect}", err=True)
+                     f"joined; missing: {', '.join(missing_nodes(expect, joined)) or 'none by address'}", err=True)
                 return 1
             time.sleep(POLL_S)
     finally:
         close()
+
+
+def missing_nodes(expect: list[str], joined: set[str]) -> list[str]:
+    """Slurm node names (from `name=address` items) whose address is not among the joined Ray nodes."""
+    missing = []
+    for item in expect:
+        name, _, addr = item.partition("=")
+        if addr not in joined:
+            missing.append(f"{name} ({addr})" if addr else name)
+    return missing
 
 
 def _write_marker(path: Path, data: dict) -> None:

@@ -161,8 +161,12 @@ if [ "$node_index" -eq 0 ]; then
   ray start --head --port="$port_base" "${client_args[@]}" --include-dashboard=false \
     --dashboard-port=$(( my_base + 8 )) --no-monitor "${ray_args[@]}" &
   ray_pid=$!
+  expect=()
+  for node in "${nodes[@]}"; do
+    expect+=("$node=$(node_addr "$node")")
+  done
   python3 -m hpc_grpo.ray_wait --address "$gcs_address" --nodes "$nnodes" \
-    --gpus $(( nnodes * gpus_per_node )) --timeout "$join_timeout_s" --expect "${nodes[@]}" --ray-pid "$ray_pid" \
+    --gpus $(( nnodes * gpus_per_node )) --timeout "$join_timeout_s" --expect "${expect[@]}" --ray-pid "$ray_pid" \
     --marker "$joined_file"
   log "all $nnodes node(s) joined; starting the driver"
   driver_status=0
