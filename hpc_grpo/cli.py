@@ -69,10 +69,6 @@ NameT = Annotated[Optional[str], typer.Option("--name", help="run name (default:
 SchemaT = Annotated[bool, typer.Option("--schema/--no-schema", help="compose against verl's real config if installed")]
 
 
-class BadInput(Exception):
-    """Raised for invalid command-line input; main() turns it into exit code 2."""
-
-
 def parse_args(args: list[str] | None) -> tuple[str, str | None, list[str]]:
     recipe: str | None = None
     cluster: str | None = None
@@ -420,7 +416,7 @@ def main() -> None:
         sys.exit(rc if isinstance(rc, int) else 0)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except (SpecError, BadInput) as exc:
+    except SpecError as exc:
         err.print(f"[bold red]error:[/] {exc}")
         sys.exit(2)
     except typer.Abort:

@@ -17,9 +17,6 @@ _PACKAGE = Path(__file__).resolve().parent
 _CHECKOUT = _PACKAGE.parent
 _SHIPPED = _PACKAGE / "_shipped"
 
-KINDS = ("recipes", "clusters", "templates")
-
-
 def search_roots() -> list[Path]:
     roots = [Path(p).expanduser() for p in os.environ.get("HPC_GRPO_PATH", "").split(":") if p]
     if (_CHECKOUT / "pyproject.toml").exists() and (_CHECKOUT / "recipes").is_dir():

@@ -96,10 +96,6 @@ def spec_path(spec: RunSpec) -> Path:
     return spec.path / "spec.yaml"
 
 
-def scripts_dir(spec: RunSpec) -> Path:
-    return spec.path / "scripts"
-
-
 def submitit_dir(spec: RunSpec) -> Path:
     return spec.path / "submitit"
 

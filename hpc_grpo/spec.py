@@ -38,9 +38,6 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False, validate_default=True)
 
 
-PosInt = Field(gt=0)
-
-
 # --------------------------------------------------------------------------------------- recipe
 def _expand(value: str) -> str:
     """`~` and `$VAR` expanded; $USER falls back to the login name (containers often leave it unset)."""
@@ -90,8 +87,11 @@ class DataCfg(Strict):
     _expand = field_validator("train_files", "val_files")(classmethod(lambda cls, v: expand_path(v)))
 
 
-def _bad_word(v: str) -> str:
-    raise ValueError(f"{v!r} cannot go on an #SBATCH line: use letters, digits and . , : @ + = _ - only")
+def slurm_word(v: str | None) -> str | None:
+    """Values on #SBATCH lines: no shell parses those lines, so quoting cannot protect them."""
+    if v is not None and not SLURM_WORD_RE.match(v):
+        raise ValueError(f"{v!r} cannot go on an #SBATCH line: use letters, digits and . , : @ + = _ - only")
+    return v
 
 
 def parse_time_minutes(value: str | int) -> int:
@@ -125,7 +125,7 @@ class Resources(Strict):
     """What to ask Slurm for. gpus_per_node defaults to the cluster's."""
 
     _words = field_validator("partition", "account", "qos")(
-        classmethod(lambda cls, v: v if v is None or SLURM_WORD_RE.match(v) else _bad_word(v))
+        classmethod(lambda cls, v: slurm_word(v))
     )
 
     nodes: int = Field(default=1, gt=0)
@@ -341,12 +341,7 @@ class Cluster(Strict):
         parse_time_minutes(v)
         return str(v)
 
-    @field_validator("partition", "account", "qos", "gpu_type")
-    @classmethod
-    def _slurm_word(cls, v: str | None) -> str | None:
-        if v is not None and not SLURM_WORD_RE.match(v):
-            raise ValueError(f"{v!r} cannot go on an #SBATCH line: use letters, digits and . , : @ + = _ - only")
-        return v
+    _words = field_validator("partition", "account", "qos", "gpu_type")(classmethod(lambda cls, v: slurm_word(v)))
 
     @field_validator("runs_root")
     @classmethod
