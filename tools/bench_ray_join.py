@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Benchmark: time from the batch script's start until every Ray node of the job has joined, on slurm-dev.
 
-Submits recipe ray-probe (the verl launch path with hpc_grpo.ray_probe as its driver) at 2 and 4 nodes,
+Submits recipe ray-probe (the verl launch path with hpc_grpo.job.ray_probe as its driver) at 2 and 4 nodes,
 --repeat times each, one job at a time, through the real CLI into a temporary runs root. Per job:
   start   the batch script's start: the birth time of its stdout file (<job>_0_log.out), which slurmstepd
           creates just before it runs the script (fallback: submitit's first log line, about 0.5 s later)
-  joined  when hpc_grpo.ray_wait saw every node and GPU (its marker file ray/<job>/joined.<restart count>)
+  joined  when hpc_grpo.job.ray_wait saw every node and GPU (its marker file ray/<job>/joined.<restart count>)
 The table sets the join time beside the fixed sleeps of verl's multi-node example (10 + 5 x (N - 1) s)
 with the ratio, and the target: at most a third of those sleeps. PASS needs every repeat within the target.
 Also printed: the launch script's own start, the driver's end -> Ray head stopped (teardown), and whether
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hpc_grpo import slurm  # noqa: E402
-from hpc_grpo.ray_probe import leftover_pids  # noqa: E402
+from hpc_grpo.job.ray_probe import leftover_pids  # noqa: E402
 
 JOB_DEADLINE_S = 240.0
 LOG_TS = re.compile(r"^hpc-grpo: \[(\d+\.\d+)\] (.*)$", re.M)

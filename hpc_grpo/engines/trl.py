@@ -24,7 +24,7 @@ from hpc_grpo.engines import EngineCommand, Override
 from hpc_grpo.findings import Finding, error, info, warning
 from hpc_grpo.spec import RunSpec
 
-ENTRY = ["python3", "-m", "hpc_grpo.trl_job"]
+ENTRY = ["python3", "-m", "hpc_grpo.job.trl_job"]
 
 # dataclasses.fields(trl.GRPOConfig) of trl 1.16.0 on transformers 5.24 (GRPOConfig inherits
 # TrainingArguments, so both versions shape it). Regenerate when either is upgraded:

@@ -1,8 +1,8 @@
 """The verl launch path across 2 and 4 emulated nodes of slurm-dev: the real Ray bootstrap, a probe as the driver.
 
-recipe ray-probe replaces verl's trainer with hpc_grpo.ray_probe, which joins the job's Ray cluster (RAY_ADDRESS from
+recipe ray-probe replaces verl's trainer with hpc_grpo.job.ray_probe, which joins the job's Ray cluster (RAY_ADDRESS from
 launch.sh) and writes what it sees. So templates/verl_ray_launch.sh.j2 runs for real: head on node 0, workers on the
-others, per-job ports and temp dirs, polling join (hpc_grpo.ray_wait), teardown. Each node must have joined with the
+others, per-job ports and temp dirs, polling join (hpc_grpo.job.ray_wait), teardown. Each node must have joined with the
 loopback address Slurm gives it (127.0.0.11-14), never 127.0.0.1 nor the machine's external address, and nothing of
 the job's Ray may be left afterwards. The test only inspects /proc; it signals nothing but its own jobs (scancel).
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo import runs, slurm
-from hpc_grpo.ray_probe import leftover_pids
+from hpc_grpo.job.ray_probe import leftover_pids
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -73,7 +73,7 @@ def test_ray_bootstrap_across_nodes(nodes: int, tmp_path: Path) -> None:
     out = run_dir / "probe.json"
     argv = [sys.executable, "-m", "hpc_grpo.cli", "submit", "recipe=ray-probe", "cluster=slurm-dev",
             f"cluster.runs_root={root}", f"resources.nodes={nodes}",
-            f"launch.driver=[python3,-m,hpc_grpo.ray_probe,--out,{out}]", "--name", name, "--no-wait"]
+            f"launch.driver=[python3,-m,hpc_grpo.job.ray_probe,--out,{out}]", "--name", name, "--no-wait"]
     t0 = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, env=job_env(home), cwd=tmp_path, timeout=180,
                           stdin=subprocess.DEVNULL, check=False)

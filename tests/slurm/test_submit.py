@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo import render, runs, slurm
-from hpc_grpo.ray_probe import leftover_pids
+from hpc_grpo.job.ray_probe import leftover_pids
 from hpc_grpo.resolve import load_frozen
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -177,7 +177,7 @@ def test_request_beyond_the_profile_is_refused_by_the_plan(env: Env, override: s
 # ------------------------------------------------------------------------------------------ live-job lock
 def test_second_submit_into_a_live_run_is_refused(env: Env) -> None:
     name = env.name("busy-run")
-    sleeper = ["recipe=ray-probe", "resources.nodes=1", "launch.driver=[python3,-m,hpc_grpo.ray_probe,--sleep=30]",
+    sleeper = ["recipe=ray-probe", "resources.nodes=1", "launch.driver=[python3,-m,hpc_grpo.job.ray_probe,--sleep=30]",
                "--name", name]
     first = env.submit(*sleeper)
     assert first.returncode == 0, first.stdout + first.stderr

@@ -253,7 +253,7 @@ def test_sh_quotes() -> None:
 
 
 def test_join_timeout_names_the_missing_nodes() -> None:
-    from hpc_grpo.ray_wait import missing_nodes
+    from hpc_grpo.job.ray_wait import missing_nodes
 
     expect = ["node1=127.0.0.11", "node2=127.0.0.12", "node3=127.0.0.13"]
     assert missing_nodes(expect, {"127.0.0.11", "127.0.0.13"}) == ["node2 (127.0.0.12)"]

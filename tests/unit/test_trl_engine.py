@@ -49,13 +49,13 @@ def test_command_and_registry(tmp_path: Path) -> None:
     engine = get_engine("trl")
     assert isinstance(engine, TrlEngine) and engine.name == "trl" and engine.launch_template == "trl_launch.sh.j2"
     cmd = engine.command(spec)
-    assert cmd.argv == ["python3", "-m", "hpc_grpo.trl_job", "--spec", f"{tmp_path}/t/spec.yaml"]
+    assert cmd.argv == ["python3", "-m", "hpc_grpo.job.trl_job", "--spec", f"{tmp_path}/t/spec.yaml"]
     assert cmd.env == {"WANDB_RUN_ID": "t", "WANDB_RESUME": "allow"}
 
 
 def test_module_import_is_light() -> None:
     """`hpc-grpo plan` imports the adapter: no torch/transformers/trl on that path."""
-    code = ("import sys, hpc_grpo.engines.trl, hpc_grpo.trl_job; "
+    code = ("import sys, hpc_grpo.engines.trl, hpc_grpo.job.trl_job; "
             "print(sorted(m for m in ('torch', 'transformers', 'trl', 'peft', 'datasets', 'wandb') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

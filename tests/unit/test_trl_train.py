@@ -1,7 +1,7 @@
 """Real GRPO training with the trl job on CPU (tiny model, real GSM8K): checkpoints, retention,
 metrics, W&B offline, and a kill-then-rerun resume that ends bit-identical to an uninterrupted run.
 
-The jobs run as `python -m hpc_grpo.trl_job --spec RUN_DIR/spec.yaml` subprocesses, exactly as the
+The jobs run as `python -m hpc_grpo.job.trl_job --spec RUN_DIR/spec.yaml` subprocesses, exactly as the
 launch script starts them. grpo.entropy_coeff is set so the adapter moves from step 1 on (a random
 model scores 0 on GSM8K, so without it every GRPO gradient would be zero and "bit-identical" trivial).
 """
@@ -23,7 +23,7 @@ from tests.conftest import require_gsm8k
 from hpc_grpo.engines.trl import checkpoint_dir, list_checkpoints, newest_complete
 from hpc_grpo.resolve import resolve_spec
 from hpc_grpo.spec import RunSpec
-from hpc_grpo.trl_job import INCOMPLETE_DIR, prompt_lengths, quarantine_incomplete, target_steps, trim_metrics
+from hpc_grpo.job.trl_job import INCOMPLETE_DIR, prompt_lengths, quarantine_incomplete, target_steps, trim_metrics
 from hpc_grpo.yamlio import dump_yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def make_run(work: dict[str, Path], name: str, *extra: str) -> RunSpec:
 
 
 def job_argv(spec: RunSpec) -> list[str]:
-    return [sys.executable, "-m", "hpc_grpo.trl_job", "--spec", str(spec.path / "spec.yaml")]
+    return [sys.executable, "-m", "hpc_grpo.job.trl_job", "--spec", str(spec.path / "spec.yaml")]
 
 
 def run_job(spec: RunSpec, env: dict[str, str]) -> tuple[str, float]:

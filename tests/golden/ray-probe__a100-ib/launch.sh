@@ -165,7 +165,7 @@ if [ "$node_index" -eq 0 ]; then
   for node in "${nodes[@]}"; do
     expect+=("$node=$(node_addr "$node")")
   done
-  python3 -m hpc_grpo.ray_wait --address "$gcs_address" --nodes "$nnodes" \
+  python3 -m hpc_grpo.job.ray_wait --address "$gcs_address" --nodes "$nnodes" \
     --gpus $(( nnodes * gpus_per_node )) --timeout "$join_timeout_s" --expect "${expect[@]}" --ray-pid "$ray_pid" \
     --marker "$joined_file"
   log "all $nnodes node(s) joined; starting the driver"
@@ -175,7 +175,7 @@ if [ "$node_index" -eq 0 ]; then
   driver=(
     python3
     -m
-    hpc_grpo.ray_probe
+    hpc_grpo.job.ray_probe
   )
   RAY_ADDRESS="$gcs_address" "${driver[@]}" || driver_status=$?
   log "driver exited with status $driver_status"
@@ -186,7 +186,7 @@ else
   log "node ${nodes[$node_index]}: Ray worker ($my_ip) will join $gcs_address"
   # `ray start`, with Ray's CLI imported while the head starts; it runs once the head's GCS port answers (exit 3:
   # not within the join timeout, 4: node 0 already finished).
-  python3 -m hpc_grpo.ray_start --wait "$gcs_address" --timeout "$join_timeout_s" --done-file "$done_file" \
+  python3 -m hpc_grpo.job.ray_start --wait "$gcs_address" --timeout "$join_timeout_s" --done-file "$done_file" \
     --label "node ${nodes[$node_index]}" -- --address="$gcs_address" "${ray_args[@]}" &
   ray_pid=$!
   # Stay until the driver on node 0 has exited (or this node's Ray died).

@@ -13,7 +13,7 @@ export WANDB_RUN_ID=golden
 driver=(
   python3
   -m
-  hpc_grpo.trl_job
+  hpc_grpo.job.trl_job
   --spec
   /runs/golden/spec.yaml
 )

@@ -5,7 +5,7 @@ and only then running `ray start` puts that import on the critical path after th
 while the head starts. Once the GCS port accepts connections this process *becomes* `ray start` (same process,
 same signal handling: SIGTERM stops this node's Ray processes, as it would for the `ray` command).
 
-  python3 -m hpc_grpo.ray_start --wait HOST:PORT --timeout S [--done-file F] -- <ray start arguments>
+  python3 -m hpc_grpo.job.ray_start --wait HOST:PORT --timeout S [--done-file F] -- <ray start arguments>
 
 Exit status 3: the head's port did not open within the timeout; 4: the done file appeared first (node 0 ended).
 """
@@ -35,7 +35,7 @@ def port_open(address: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
-        print("usage: python3 -m hpc_grpo.ray_start --wait HOST:PORT --timeout S [--done-file F] -- ARGS...",
+        print("usage: python3 -m hpc_grpo.job.ray_start --wait HOST:PORT --timeout S [--done-file F] -- ARGS...",
               file=sys.stderr)
         return 2
     split = argv.index("--")

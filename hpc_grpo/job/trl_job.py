@@ -1,4 +1,4 @@
-"""In-job entry point of the trl engine: `python -m hpc_grpo.trl_job --spec RUN_DIR/spec.yaml`.
+"""In-job entry point of the trl engine: `python -m hpc_grpo.job.trl_job --spec RUN_DIR/spec.yaml`.
 
 Everything it needs is in the run directory (the frozen spec names model, data and settings), so a
 requeued job on another node carries on where the last one stopped: it resumes from the newest
@@ -408,7 +408,7 @@ def finish(spec: RunSpec, step: int, max_steps: int | None, final: Checkpoint | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpc_grpo.trl_job", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hpc_grpo.job.trl_job", description=__doc__.split("\n")[0])
     parser.add_argument("--spec", required=True, type=Path, help="RUN_DIR/spec.yaml (the frozen run spec)")
     args = parser.parse_args(argv)
     from hpc_grpo.resolve import load_frozen
