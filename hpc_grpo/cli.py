@@ -97,14 +97,21 @@ _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO:
 
 
 def print_findings(findings: list[Finding], console: Any = out) -> None:
+    """A table on a terminal; one whole line per finding in pipes and CI logs (a table would fold key
+    names at 80 columns there, and grep could no longer find them)."""
     if not findings:
         console.print("No findings.")
+        return
+    order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+    ordered = sorted(findings, key=lambda f: order[f.severity])
+    if not console.is_terminal:
+        console.file.write("Findings:\n" + "".join(f"  {f}\n" for f in ordered))
+        console.file.flush()
         return
     t = Table(title="Findings", show_lines=False)
     for col in ("severity", "key", "message", "fix"):
         t.add_column(col, overflow="fold")
-    order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
-    for f in sorted(findings, key=lambda f: order[f.severity]):
+    for f in ordered:
         t.add_row(f"[{_STYLE[f.severity]}]{f.severity.value}[/]", f.key, f.message, f.fix)
     console.print(t)
 
@@ -138,8 +145,19 @@ def print_plan(plan: Any) -> None:
         for term, gib in est.terms.items():
             style = "bold" if term == est.largest_term else ""
             t.add_row(f"[{style}]{term}[/]" if style else term, f"{gib:.1f}")
-        t.add_row("[bold]peak[/]", f"[bold]{est.total_gib:.1f} of {est.capacity_gib:.0f}[/]")
+        t.add_row("[bold]peak[/]", f"[bold]{est.total_gib:.1f} of {est.capacity_gib:.1f}[/]")
         out.print(t)
+        out.print("Phases (GiB): " + ", ".join(f"{k} {v:.1f}" for k, v in est.phase_gib().items()))
+    sched = plan.schedule
+    if sched is not None:
+        epochs = "" if sched.steps_per_epoch is None else f" ({sched.steps_per_epoch} per epoch)"
+        total = "unknown" if sched.total_steps is None else str(sched.total_steps)
+        out.print(f"[bold]Schedule[/]: {total} steps{epochs}; rows: {sched.rows_source}")
+        size = f"; {sched.size.describe()} each" if sched.size else ""
+        out.print(f"  checkpoints (save_freq {sched.save_freq}) at steps {', '.join(map(str, sched.checkpoint_steps)) or 'none'}{size}")
+        if sched.step_s:
+            out.print(f"  ~{sched.step_s:.0f} s per step (rough, calibrated on field report 004): ~{sched.steps_in_time_limit} "
+                      f"steps fit in resources.time {r.resources.time}")
     out.print(f"Engine schema: {plan.schema_checked}")
     print_findings(plan.findings)
 
@@ -154,7 +172,9 @@ def plan_json(plan: Any) -> dict[str, Any]:
         "layout": asdict(plan.layout),
         "memory": None if plan.memory is None else {
             "terms": plan.memory.terms, "peak_gib": plan.memory.total_gib, "capacity_gib": plan.memory.capacity_gib,
-            "fits": plan.memory.fits, "largest_term": plan.memory.largest_term},
+            "fits": plan.memory.fits, "largest_term": plan.memory.largest_term, "phases": plan.memory.phase_gib(),
+            "peak_phase": plan.memory.peak_phase},
+        "schedule": None if plan.schedule is None else plan.schedule.as_dict(),
         "schema": plan.schema_checked,
         "findings": [f.as_dict() for f in plan.findings],
     }

@@ -2,7 +2,7 @@
 which knob would fix it before a job waits hours in the queue to OOM.
 
 Rough by design: good to tens of percent, not to the GiB. It ignores allocator fragmentation
-beyond a fixed overhead, vocab padding, uneven pipeline stages and CUDA-graph pools.
+beyond a fixed overhead, vocab padding and uneven pipeline stages.
 Stdlib only (on the path of `hpc-grpo plan`).
 
 How verl uses a GPU (hybrid engine: the actor, the reference and vLLM share every GPU):
@@ -17,8 +17,24 @@ How verl uses a GPU (hybrid engine: the actor, the reference and vLLM share ever
   they do NOT lower the training peak. What does is `train_offload`: FSDP2's CPUOffloadPolicy
   (`actor.strategy=fsdp2` + `fsdp_config.offload_policy=True`: params, grads and the optimizer
   step on the CPU) or Megatron's `optimizer_cpu_offload` (optimizer states and step on the CPU).
+* log-prob phase (compute_log_prob, old and reference log-probs): vLLM sleeps, the actor's weights
+  are loaded for a forward pass of `log_prob_micro_batch_size_per_gpu` sequences. verl 0.9.1 keeps the
+  bf16 logits plus two tensors of the same size for the entropy (6 B per token x vocabulary entry):
+  for 40 x 1536 tokens at a 152k vocabulary that is ~52 GiB (bf16 logits alone ~17 GiB; they are not
+  fp32), usually the largest term of an FSDP run.
 * reference phase (Megatron, only when the reference is offloaded): the reference is loaded
   next to whatever actor state stays resident, for a forward pass.
+* vLLM's CUDA graphs (unless `rollout.enforce_eager`): the graph pool comes on top of vLLM's
+  gpu_memory_utilization share ("CUDA graphs can take additional 1~3 GiB per GPU", vLLM), verl 0.9.1
+  captures FULL_AND_PIECEWISE graphs, and the pool cannot be freed while the actor trains
+  (verl's rollout.yaml): it is resident in every phase.
+* usable memory: an "80 GB" card reports ~79.15 GiB to torch and vLLM; gpu_memory_utilization is a
+  fraction of that.
+
+Activations: Megatron reads no `enable_gradient_checkpointing`; hpc-grpo renders full uniform
+recompute of every layer when model.gradient_checkpointing is on, so each layer keeps only its input
+(one hidden-size tensor) and the layer being recomputed holds its working set. Without recompute
+every layer keeps its whole working set: several times more.
 
 Precision (verl defaults): FSDP's actor keeps fp32 parameters (`fsdp_config.model_dtype=fp32`,
 they are the master copy), fp32 grads and two fp32 Adam moments: 4 + 4 + 8 = 16 B per trainable
@@ -47,8 +63,11 @@ WARN_FRACTION = 0.9
 ADAM_STATES_BYTES = 8  # two moments; FSDP: in the fp32 param dtype, the params are the master
 MEGATRON_OPT_BYTES = 12  # fp32 master + two fp32 moments (distributed optimizer)
 GRAD_BYTES = 4  # fp32 grads (FSDP fp32 params; Megatron grad_reduce_in_fp32)
-LOGIT_BYTES = 4  # fp32 logits for log-probs (per the design brief; bf16 copies not counted)
-STASH_FACTOR = 2  # activation checkpointing keeps ~2 hidden-size tensors per layer input
+LOGIT_BYTES = 6  # bf16 logits + two same-size tensors (entropy / log-softmax) per vocabulary entry
+STASH_FACTOR = 1  # full recompute keeps each layer's input, one hidden-size tensor
+CUDA_GRAPH_GIB = 3.0  # vLLM FULL_AND_PIECEWISE graphs at the default capture sizes (vLLM: 1~3 GiB per mode)
+CUDA_GRAPH_SMALL_GIB = 1.5  # max_num_seqs <= 64: fewer, smaller captured batch sizes
+USABLE_FRACTION = 79.15 / 80  # what torch reports of an "80 GB" card
 VLLM_WORKSPACE_GIB = 1.0  # vLLM's profiled activation peak inside its own share
 MIN_SAVING_GIB = 0.5  # advice below this is noise next to the estimate's own error
 
@@ -145,6 +164,9 @@ class _In:
     rollout_tp: int | None
     dynamic_bsz: bool
     overhead_gib: float
+    log_prob_micro: int
+    enforce_eager: bool
+    max_num_seqs: int
 
 
 def estimate_memory(
@@ -174,6 +196,9 @@ def estimate_memory(
     rollout_tp: int | None = None,
     dynamic_bsz: bool = False,
     overhead_gib: float = 2.0,
+    log_prob_micro_batch_per_gpu: int | None = None,
+    enforce_eager: bool = False,
+    max_num_seqs: int = 256,
 ) -> MemoryEstimate:
     """Estimate per-GPU memory of a verl GRPO step (see the module docstring for the model).
 
@@ -181,9 +206,10 @@ def estimate_memory(
     Ulysses sequence-parallel size. backend "megatron": etp None = Megatron's default (= tp);
     sequence_parallel is verl's default (True). With dynamic batch size pass micro_batch_per_gpu=1
     and seq_len=ppo_max_token_len_per_gpu, and dynamic_bsz=True so advice names the right key.
-    gpu_memory_gb is taken as GiB (an "80GB" card has 80 GiB). overhead_gib covers the CUDA
+    gpu_memory_gb is the card's nominal size in GiB; the usable part is USABLE_FRACTION of it. overhead_gib covers the CUDA
     context, NCCL buffers, allocator slack and what sleeping vLLM keeps. rollout_tp (vLLM's TP)
-    enables the "weights fit in vLLM's share" check.
+    enables the "weights fit in vLLM's share" check. log_prob_micro_batch_per_gpu (None = the
+    training micro batch) sizes the log-prob phase; enforce_eager drops vLLM's CUDA-graph pool.
     """
     if backend not in ("fsdp", "megatron"):
         raise ValueError(f"backend must be 'fsdp' or 'megatron', not {backend!r}")
@@ -218,6 +244,9 @@ def estimate_memory(
         rollout_tp=rollout_tp,
         dynamic_bsz=dynamic_bsz,
         overhead_gib=overhead_gib,
+        log_prob_micro=log_prob_micro_batch_per_gpu or micro_batch_per_gpu,
+        enforce_eager=enforce_eager,
+        max_num_seqs=max_num_seqs,
     )
     est = _compute(inp)
     if est.total_gib > WARN_FRACTION * est.capacity_gib:
@@ -260,6 +289,7 @@ def _compute(i: _In) -> MemoryEstimate:
         gradients = GRAD_BYTES * train_pg
         reference = base_pg * i.dtype_bytes if (i.use_ref and full_ft) else 0.0
         gather = 0.0
+        layer = 0.0
     else:
         weights = (g.total + lora) * i.fsdp_param_bytes / W
         train = g.total if full_ft else lora
@@ -272,8 +302,11 @@ def _compute(i: _In) -> MemoryEstimate:
         gather = (g.embedding + g.lm_head + 2 * layer) * i.dtype_bytes + (layer * GRAD_BYTES if full_ft else 0)
 
     activations, fwd_only = _activations(i, tp, pp, cp, layers_stage, megatron)
-    rollout_share = i.gpu_memory_utilization * i.gpu_memory_gb * GIB
+    lp_layer, lp_logits = _log_prob_activations(i, tp, cp)
+    capacity = i.gpu_memory_gb * USABLE_FRACTION
+    rollout_share = i.gpu_memory_utilization * capacity * GIB
     overhead = i.overhead_gib * GIB
+    graphs = 0.0 if i.enforce_eager else (CUDA_GRAPH_SMALL_GIB if i.max_num_seqs <= 64 else CUDA_GRAPH_GIB) * GIB
 
     terms_b = {
         "weights": weights,
@@ -281,8 +314,10 @@ def _compute(i: _In) -> MemoryEstimate:
         "optimizer": optimizer,
         "reference": reference,
         "activations": activations,
+        "log_prob_logits": lp_logits,
         "fsdp_gather": gather,
         "rollout": rollout_share,
+        "cuda_graphs": graphs,
         "overhead": overhead,
     }
     terms = {k: v / GIB for k, v in terms_b.items()}
@@ -299,6 +334,7 @@ def _compute(i: _In) -> MemoryEstimate:
         "reference": terms["reference"] if ref_resident else z,
         "activations": terms["activations"],
         "fsdp_gather": terms["fsdp_gather"],
+        "cuda_graphs": terms["cuda_graphs"],
         "overhead": terms["overhead"],
     }
     idle_actor = {  # actor state left on the GPU outside update_actor
@@ -310,14 +346,27 @@ def _compute(i: _In) -> MemoryEstimate:
         "rollout": terms["rollout"],
         **idle_actor,
         "reference": terms["reference"] if ref_resident else z,
+        "cuda_graphs": terms["cuda_graphs"],
         "overhead": terms["overhead"],
     }
-    phases = {"training": training, "rollout": rollout}
+    log_prob = {  # the actor's weights back for a forward pass; the optimizer stays where it is
+        "weights": z if train_off_w else terms["weights"],
+        "gradients": terms["gradients"] if (megatron and not i.param_offload) else z,
+        "optimizer": z if (i.optimizer_offload or train_off_opt) else terms["optimizer"],
+        "reference": terms["reference"] if ref_resident else z,
+        "activations": lp_layer / GIB,
+        "log_prob_logits": terms["log_prob_logits"],
+        "fsdp_gather": terms["fsdp_gather"] - (layer * GRAD_BYTES / GIB if (not megatron and full_ft) else 0.0),
+        "cuda_graphs": terms["cuda_graphs"],
+        "overhead": terms["overhead"],
+    }
+    phases = {"training": training, "rollout": rollout, "log_prob": log_prob}
     if megatron and reference > 0 and i.ref_param_offload:
         phases["reference"] = {
             **idle_actor,
             "reference": terms["reference"],
             "activations": fwd_only / GIB,
+            "cuda_graphs": terms["cuda_graphs"],
             "overhead": terms["overhead"],
         }
 
@@ -358,8 +407,8 @@ def _compute(i: _In) -> MemoryEstimate:
         terms=terms,
         phases=phases,
         total_gib=total,
-        capacity_gib=float(i.gpu_memory_gb),
-        fits=total <= i.gpu_memory_gb and (kv is None or kv > 0),
+        capacity_gib=capacity,
+        fits=total <= capacity and (kv is None or kv > 0),
         largest_term=largest,
         peak_phase=peak_phase,
         host_gib=host,
@@ -396,6 +445,17 @@ def _activations(i: _In, tp: int, pp: int, cp: int, layers_stage: int, megatron:
     return train, layer_work + logits
 
 
+def _log_prob_activations(i: _In, tp: int, cp: int) -> tuple[float, float]:
+    """(one layer's forward working set, logits + entropy tensors) for one log-prob micro-batch, bytes."""
+    s = i.shape
+    tokens = (1 if i.dynamic_bsz else i.log_prob_micro) * i.seq_len
+    h, d = s.hidden_size, s.head_dim
+    inter = s.num_experts_per_tok * s.moe_intermediate_size if s.is_moe else s.intermediate_size
+    width = 2 * s.num_attention_heads * d + 2 * s.num_key_value_heads * d + 3 * h + 4 * inter
+    split = cp * tp
+    return tokens * width * i.dtype_bytes / split, tokens * s.vocab_size * LOGIT_BYTES / split
+
+
 # ------------------------------------------------------------------------------------- advice
 def _verl_key(i: _In, what: str) -> str:
     eng = "megatron" if i.backend == "megatron" else "fsdp_config"
@@ -404,10 +464,17 @@ def _verl_key(i: _In, what: str) -> str:
     return f"actor_rollout_ref.{role}.{eng}.{knob}=True"
 
 
-# Cost tiers, used to order knobs that are each enough on their own: moving idle state to the CPU or
-# shrinking a batch/KV cache is cheap; re-sharding needs a new layout; CPU optimizer steps and more
-# GPUs cost time or money; LoRA changes the experiment.
+# Cost tiers, used to order knobs that are each enough on their own: a smaller KV cache, eager vLLM, a
+# smaller micro batch, recompute and moving idle state to the CPU are cheap (in that order: what costs
+# least throughput first, so gpu_memory_utilization comes before any offload); re-sharding needs a new
+# layout; CPU optimizer steps and more GPUs cost time or money; LoRA changes the experiment.
 _CHEAP, _LAYOUT, _COSTLY, _CHANGES_RUN = 0, 1, 2, 3
+_CHEAP_ORDER = ("rollout.gpu_memory_utilization", "rollout.enforce_eager", "batch.", "model.gradient_checkpointing",
+                "offload.ref_param", "offload.param", "offload.optimizer")
+
+
+def _cheap_rank(label: str) -> int:
+    return next((n for n, key in enumerate(_CHEAP_ORDER) if key in label), len(_CHEAP_ORDER))
 
 
 def _candidates(i: _In, est: MemoryEstimate) -> list[tuple[str, _In, int]]:
@@ -458,9 +525,12 @@ def _candidates(i: _In, est: MemoryEstimate) -> list[tuple[str, _In, int]]:
         out.append((f"lower batch.micro_per_gpu to {m2}", replace(i, micro_batch_per_gpu=m2), _CHEAP))
     if not i.activation_checkpointing:
         out.append(("model.gradient_checkpointing=true", replace(i, activation_checkpointing=True), _CHEAP))
+    if not i.enforce_eager:
+        out.append(("rollout.enforce_eager=true (no vLLM CUDA graphs: slower decoding)", replace(i, enforce_eager=True), _CHEAP))
     if est.peak_phase == "rollout":
         rest = est.rollout_gib - est.terms["rollout"]
-        target = math.floor((i.gpu_memory_gb * WARN_FRACTION - rest) / i.gpu_memory_gb * 20) / 20
+        cap = i.gpu_memory_gb * USABLE_FRACTION
+        target = math.floor((cap * WARN_FRACTION - rest) / cap * 20) / 20
         if 0.1 <= target < i.gpu_memory_utilization:
             out.append(
                 (f"lower rollout.gpu_memory_utilization to {target:.2f} (less KV cache)", replace(i, gpu_memory_utilization=target), _CHEAP)
@@ -476,8 +546,9 @@ def _advice(i: _In, est: MemoryEstimate) -> list[str]:
     first (cheapest tier first, then biggest saving), then the rest by saving. Savings under
     MIN_SAVING_GIB are dropped as noise; knobs that would leave vLLM without a KV cache too.
     """
-    goal = i.gpu_memory_gb if est.total_gib > i.gpu_memory_gb else WARN_FRACTION * i.gpu_memory_gb
-    rows: list[tuple[bool, int, float, str]] = []
+    cap = est.capacity_gib
+    goal = cap if est.total_gib > cap else WARN_FRACTION * cap
+    rows: list[tuple[bool, int, int, float, str]] = []
     for label, alt, tier in _candidates(i, est):
         new = _compute(alt)
         saving = est.total_gib - new.total_gib
@@ -486,9 +557,10 @@ def _advice(i: _In, est: MemoryEstimate) -> list[str]:
         enough = new.total_gib <= goal
         verdict = "enough on its own" if enough else "not enough alone"
         host = f"; needs ~{new.host_gib:.0f} GiB host RAM per GPU" if new.host_gib > est.host_gib + 1 else ""
-        rows.append((enough, tier, saving, f"{label} saves ~{saving:.1f} GiB -> ~{new.total_gib:.1f} GiB ({verdict}{host})"))
-    rows.sort(key=lambda r: (not r[0], r[1] if r[0] else 0, -r[2]))
-    return [r[3] for r in rows]
+        rank = _cheap_rank(label) if tier == _CHEAP else 0
+        rows.append((enough, tier, rank, saving, f"{label} saves ~{saving:.1f} GiB -> ~{new.total_gib:.1f} GiB ({verdict}{host})"))
+    rows.sort(key=lambda r: (not r[0], r[1] if r[0] else 0, r[2] if r[0] else 0, -r[3]))
+    return [r[4] for r in rows]
 
 
 # ------------------------------------------------------------------------------------ findings

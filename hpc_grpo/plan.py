@@ -39,6 +39,7 @@ class Plan:
     shape: ModelShape | None
     findings: list[Finding] = field(default_factory=list)
     memory: object | None = None
+    schedule: object | None = None
     schema_checked: str = "skipped"
 
     @property
@@ -183,18 +184,49 @@ def check_layout(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> list[F
 
 
 # -------------------------------------------------------------------------------------- batches
+VPP_GROUP_KEY = "actor_rollout_ref.actor.megatron.override_transformer_config.microbatch_group_size_per_vp_stage"
+
+
+def vpp_group_size(spec: RunSpec) -> int:
+    """Megatron's microbatch_group_size_per_vp_stage: a passthrough setting, else its default, PP."""
+    for key, value in spec.recipe.passthrough.items():
+        if key.lstrip("+") == VPP_GROUP_KEY and isinstance(value, int) and value > 0:
+            return value
+    return spec.recipe.parallel.pp
+
+
 def check_batches(spec: RunSpec, lay: Layout) -> list[Finding]:
-    """verl's validate_config, restated: the same arithmetic, with the recipe's key names."""
+    """verl 0.9.1's batch arithmetic, restated with the recipe's keys.
+
+    Start-up (verl/utils/config.py::validate_config, ActorConfig.validate): without dynamic batch size
+    train >= mini, one micro-batch setting per role, and train x n divisible by the minimal batch. At the
+    first update (workers/engine_workers.py::train_mini_batch, utils/tensordict_utils.py::make_iterator and
+    workers/engine/utils.py::prepare_micro_batches), with or without dynamic batch size: mini x n divides
+    by DP, each DP rank's batch divides into whole mini-batches (so train % mini == 0: verl asserts, it
+    does not pad), and static micro-batches divide the per-GPU mini-batch (training) and the per-GPU batch
+    (log-probs). With VPP, Megatron's engine asserts the micro-batch count divides by
+    microbatch_group_size_per_vp_stage (default PP), not by VPP.
+    """
     r = spec.recipe
     b, n = r.batch, r.grpo.n
     out: list[Finding] = []
     if r.engine == "trl":  # the trl engine checks its own batch layout (engines/trl.py)
         return out
     if b.mini > b.train:
-        out.append(error("batch.mini", f"ppo_mini_batch_size {b.mini} > train_batch_size {b.train}",
-                         f"use batch.mini<={b.train}"))
+        out.append(error("batch.mini", f"ppo_mini_batch_size {b.mini} > train_batch_size {b.train}"
+                         + (" (verl's start-up check is skipped with dynamic batch size; its first update asserts)"
+                            if b.dynamic_bsz else ""), f"use batch.mini<={b.train}"))
+    elif b.train % b.mini:
+        out.append(error("batch.mini", f"train_batch_size {b.train} is not a multiple of ppo_mini_batch_size {b.mini}: "
+                         "verl 0.9.1 does not pad the last mini-batch, make_iterator asserts on the first update",
+                         f"use a batch.mini dividing {b.train}"))
     if not lay.dp:
         return out
+    if (b.mini * n) % lay.dp:
+        out.append(error("batch.mini", f"ppo_mini_batch_size x n = {b.mini}x{n} = {b.mini * n} is not divisible by "
+                         f"data-parallel size {lay.dp}" + (" (dynamic batch size does not lift this)" if b.dynamic_bsz else ""),
+                         f"use a batch.mini such that batch.mini x {n} divides by {lay.dp}"))
+    group = vpp_group_size(spec) if (r.backend == "megatron" and r.parallel.vpp and r.parallel.vpp > 1) else 0
     if b.dynamic_bsz:
         seq = r.data.max_prompt_length + r.data.max_response_length
         if b.max_token_len_per_gpu is not None and b.max_token_len_per_gpu < seq:
@@ -211,17 +243,25 @@ def check_batches(spec: RunSpec, lay: Layout) -> list[Finding]:
         if minimal and (b.train * n) % minimal:
             out.append(error("batch.train", f"train_batch_size x n = {b.train}x{n} = {b.train * n} is not divisible by "
                              f"verl's minimal batch {minimal}", f"use a batch.train such that batch.train x {n} divides by {minimal}"))
-        if (b.mini * n) % lay.dp:
-            out.append(error("batch.mini", f"ppo_mini_batch_size x n = {b.mini * n} is not divisible by data-parallel size {lay.dp}",
-                             f"use a batch.mini such that batch.mini x {n} divides by {lay.dp}"))
-        elif b.micro_per_gpu:
+        if (b.mini * n) % lay.dp == 0 and b.micro_per_gpu:
             per_gpu = b.mini * n // lay.dp
             if per_gpu % b.micro_per_gpu:
                 out.append(error("batch.micro_per_gpu", f"per-GPU mini batch {per_gpu} is not divisible by micro batch {b.micro_per_gpu}",
                                  f"use a batch.micro_per_gpu dividing {per_gpu}"))
-            elif r.parallel.vpp and (per_gpu // b.micro_per_gpu) % r.parallel.vpp:
-                out.append(error("parallel.vpp", f"{per_gpu // b.micro_per_gpu} micro-batches do not divide by VPP {r.parallel.vpp}",
-                                 "change batch.micro_per_gpu or parallel.vpp"))
+            elif group and (per_gpu // b.micro_per_gpu) % group:
+                out.append(error("batch.micro_per_gpu", f"{per_gpu // b.micro_per_gpu} training micro-batches per GPU do not divide by "
+                                 f"microbatch_group_size_per_vp_stage {group} (Megatron's default: PP; VPP is {r.parallel.vpp})",
+                                 f"use a batch.micro_per_gpu giving a multiple of {group} micro-batches"))
+        if (b.train * n) % lay.dp == 0 and b.log_prob_micro_per_gpu:
+            per_gpu = b.train * n // lay.dp
+            if per_gpu % b.log_prob_micro_per_gpu:
+                out.append(error("batch.log_prob_micro_per_gpu", f"each GPU computes log-probs for {per_gpu} sequences "
+                                 f"({b.train}x{n} over DP {lay.dp}), not divisible by micro batch {b.log_prob_micro_per_gpu}",
+                                 f"use a batch.log_prob_micro_per_gpu dividing {per_gpu}"))
+            elif group and (per_gpu // b.log_prob_micro_per_gpu) % group:
+                out.append(error("batch.log_prob_micro_per_gpu", f"{per_gpu // b.log_prob_micro_per_gpu} log-prob micro-batches per GPU "
+                                 f"do not divide by microbatch_group_size_per_vp_stage {group} (default PP)",
+                                 f"use a batch.log_prob_micro_per_gpu giving a multiple of {group} micro-batches"))
     for role in ("actor.ppo_micro_batch_size", "rollout.log_prob_micro_batch_size", "ref.log_prob_micro_batch_size"):
         key = f"actor_rollout_ref.{role}"
         if any(k.lstrip("+") == key for k in r.passthrough):
@@ -230,11 +270,29 @@ def check_batches(spec: RunSpec, lay: Layout) -> list[Finding]:
     return out
 
 
+def check_rollout(spec: RunSpec) -> list[Finding]:
+    """vLLM's limits: how many waves one engine needs for its share of a step's sequences."""
+    r = spec.recipe
+    if r.engine != "verl" or not spec.world_size:
+        return []
+    from hpc_grpo.engines.verl import max_num_seqs, rollout_engines, sequences_per_engine
+
+    per_engine, cap = sequences_per_engine(spec), max_num_seqs(spec)
+    waves = -(-per_engine // cap)
+    msg = (f"{rollout_engines(spec)} vLLM engine(s) x max_num_seqs {cap}: each generates {per_engine} sequences per step "
+           f"in {waves} wave(s); max_model_len {r.data.max_prompt_length + r.data.max_response_length}")
+    if waves > 1:
+        return [warning("rollout.max_num_seqs", msg + " (each wave waits for its longest response)",
+                        f"use rollout.max_num_seqs={per_engine} if the KV cache holds it, or accept the waves")]
+    return [info("rollout.max_num_seqs", msg)]
+
+
 # ----------------------------------------------------------------------------------- memory/disk
 def check_memory(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> tuple[list[Finding], object | None]:
     r = spec.recipe
     if r.engine != "verl" or shape is None or not lay.world_size:
         return [], None
+    from hpc_grpo.engines.verl import max_num_seqs
     from hpc_grpo.memory import estimate_memory, memory_findings
 
     seq = r.data.max_prompt_length + r.data.max_response_length
@@ -263,6 +321,9 @@ def check_memory(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> tuple[
         rollout_tp=r.parallel.rollout_tp,
         sequence_parallel=r.parallel.sequence_parallel,
         dynamic_bsz=r.batch.dynamic_bsz,
+        log_prob_micro_batch_per_gpu=r.batch.log_prob_micro_per_gpu,
+        enforce_eager=r.rollout.enforce_eager,
+        max_num_seqs=max_num_seqs(spec),
     )
     findings = memory_findings(est)
     host_need = est.host_gib * lay.gpus_per_node
@@ -274,12 +335,14 @@ def check_memory(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> tuple[
 
 
 def checkpoint_gib(spec: RunSpec, shape: ModelShape | None) -> float | None:
-    """One checkpoint's size: bf16 weights + fp32 Adam of the trained parameters (+ LoRA: adapter only)."""
+    """One checkpoint's size in GiB (hpc_grpo.ckpt_size: the one sizing rule)."""
     if shape is None:
         return None
-    if spec.recipe.lora.rank:
-        return shape.params * 2 / 2**30 * 1.05  # verl's FSDP shards hold the base too; optimizer is adapter-only
-    return shape.params * (2 + 12) / 2**30
+    from hpc_grpo.ckpt_size import checkpoint_size
+    from hpc_grpo.schedule import lora_params_of
+
+    r = spec.recipe
+    return checkpoint_size(r.engine, r.backend, shape.params, lora_params_of(spec, shape)).gib
 
 
 def check_disk(spec: RunSpec, shape: ModelShape | None) -> list[Finding]:
@@ -334,6 +397,7 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Pl
         lambda: check_resources(spec, lay),
         lambda: check_layout(spec, lay, shape),
         lambda: check_batches(spec, lay),
+        lambda: check_rollout(spec),
         lambda: check_disk(spec, shape),
         lambda: check_environment(spec, for_submit),
     ]
@@ -341,6 +405,10 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Pl
         plan.findings.extend(check())
     mem, plan.memory = check_memory(spec, lay, shape)
     plan.findings.extend(mem)
+    from hpc_grpo.schedule import make_schedule, schedule_findings
+
+    plan.schedule = make_schedule(spec, shape)
+    plan.findings.extend(schedule_findings(plan.schedule))
     engine = get_engine(spec.recipe.engine)
     engine_findings = engine.check(spec)
     plan.findings.extend(engine_findings)

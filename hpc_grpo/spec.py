@@ -62,7 +62,11 @@ def expand_path(value: str) -> str:
 
 
 class ModelCfg(Strict):
-    """The policy model: a Hub id or a local folder (config.json gives its shape)."""
+    """The policy model: a Hub id or a local folder (config.json gives its shape).
+
+    gradient_checkpointing means activation recompute on either backend: FSDP gets
+    model.enable_gradient_checkpointing, Megatron (which ignores that key) full uniform recompute.
+    """
 
     path: str = Field(min_length=1)
     dtype: Literal["bfloat16", "float16"] = "bfloat16"
@@ -83,6 +87,7 @@ class DataCfg(Strict):
     filter_overlong_prompts: bool = True
     truncation: Literal["error", "left", "right", "middle"] = "error"
     shuffle: bool = True
+    train_rows: int | None = Field(default=None, gt=0, description="rows in train_files, for plans made where the file is not readable")
 
     _expand = field_validator("train_files", "val_files")(classmethod(lambda cls, v: expand_path(v)))
 
@@ -211,6 +216,8 @@ class Rollout(Strict):
     gpu_memory_utilization: float = Field(default=0.6, gt=0, le=1)
     load_format: str | None = None
     layered_summon: bool = False
+    max_num_seqs: int | None = Field(default=None, gt=0, description="vLLM's concurrent sequences; default: what one engine receives per step")
+    enforce_eager: bool = False
 
 
 class Checkpoint(Strict):

@@ -23,6 +23,28 @@ def checkpoint_dir(spec: RunSpec) -> Path:
     return spec.path / "checkpoints"
 
 
+# Megatron's activation recompute as verl 0.9.1 reads it (engine/megatron.yaml leaves granularity null = off):
+# every layer keeps only its input and is recomputed in the backward pass.
+RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+
+
+def rollout_engines(spec: RunSpec) -> int:
+    """vLLM engines verl starts: one per rollout-TP group of GPUs."""
+    return max(1, spec.world_size // spec.recipe.parallel.rollout_tp)
+
+
+def sequences_per_engine(spec: RunSpec) -> int:
+    """Sequences one engine generates per step: prompts x n spread over the engines."""
+    r = spec.recipe
+    return -(-r.batch.train * r.grpo.n // rollout_engines(spec))
+
+
+def max_num_seqs(spec: RunSpec) -> int:
+    """The recipe's setting, else enough for one engine's whole share in one wave."""
+    return spec.recipe.rollout.max_num_seqs or sequences_per_engine(spec)
+
+
 def config_name(spec: RunSpec) -> str:
     return "ppo_megatron_trainer" if spec.recipe.backend == "megatron" else "ppo_trainer"
 
@@ -48,7 +70,8 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     add("data.truncation", r.data.truncation, "data.truncation")
     add("data.shuffle", r.data.shuffle, "data.shuffle")
     add(f"{arr}.model.path", r.model.path, "model.path")
-    add(f"{arr}.model.enable_gradient_checkpointing", r.model.gradient_checkpointing, "model.gradient_checkpointing")
+    if r.backend == "fsdp":  # Megatron ignores this key: its recompute is rendered with the Megatron block below
+        add(f"{arr}.model.enable_gradient_checkpointing", r.model.gradient_checkpointing, "model.gradient_checkpointing")
     add(f"{arr}.model.use_remove_padding", r.model.use_remove_padding, "model.use_remove_padding")
     add(f"{arr}.model.trust_remote_code", r.model.trust_remote_code, "model.trust_remote_code")
     add(f"{arr}.actor.optim.lr", r.grpo.lr, "grpo.lr")
@@ -78,6 +101,9 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
         add(f"{arr}.rollout.load_format", r.rollout.load_format or "safetensors", "rollout.load_format")
     if r.rollout.layered_summon:
         add(f"{arr}.rollout.layered_summon", True, "rollout.layered_summon")
+    add(f"{arr}.rollout.max_model_len", r.data.max_prompt_length + r.data.max_response_length, "data.max_response_length")
+    add(f"{arr}.rollout.max_num_seqs", max_num_seqs(spec), "rollout.max_num_seqs")
+    add(f"{arr}.rollout.enforce_eager", r.rollout.enforce_eager, "rollout.enforce_eager")
 
     if r.backend == "fsdp":
         add(f"{arr}.actor.fsdp_config.param_offload", r.offload.param, "offload.param")
@@ -101,6 +127,10 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
                 add(f"{mg}.virtual_pipeline_model_parallel_size", p.vpp, "parallel.vpp")
             add(f"{mg}.sequence_parallel", p.sequence_parallel, "parallel.sequence_parallel")
             add(f"{mg}.dtype", r.model.dtype, "model.dtype")
+        if r.model.gradient_checkpointing:  # the actor's; the reference inherits it (oc.select) and runs forward only
+            otc = f"{arr}.actor.megatron.override_transformer_config"
+            for knob, value in RECOMPUTE.items():
+                add(f"{otc}.{knob}", value, "model.gradient_checkpointing")
         add(f"{arr}.actor.megatron.param_offload", r.offload.param, "offload.param")
         add(f"{arr}.actor.megatron.optimizer_offload", r.offload.optimizer, "offload.optimizer")
         add(f"{arr}.ref.megatron.param_offload", r.offload.ref_param, "offload.ref_param")
