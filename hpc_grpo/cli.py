@@ -153,7 +153,7 @@ def print_plan(plan: Any) -> None:
         epochs = "" if sched.steps_per_epoch is None else f" ({sched.steps_per_epoch} per epoch)"
         total = "unknown" if sched.total_steps is None else str(sched.total_steps)
         out.print(f"[bold]Schedule[/]: {total} steps{epochs}; rows: {sched.rows_source}")
-        size = f"; {sched.size.describe()} each" if sched.size else ""
+        size = f"; {sched.size.describe()} each" if sched.size else "; size unknown (the model's config.json is not readable here)"
         out.print(f"  checkpoints (save_freq {sched.save_freq}) at steps {', '.join(map(str, sched.checkpoint_steps)) or 'none'}{size}")
         if sched.step_s:
             out.print(f"  ~{sched.step_s:.0f} s per step (rough, calibrated on field report 004): ~{sched.steps_in_time_limit} "

@@ -63,7 +63,8 @@ WARN_FRACTION = 0.9
 ADAM_STATES_BYTES = 8  # two moments; FSDP: in the fp32 param dtype, the params are the master
 MEGATRON_OPT_BYTES = 12  # fp32 master + two fp32 moments (distributed optimizer)
 GRAD_BYTES = 4  # fp32 grads (FSDP fp32 params; Megatron grad_reduce_in_fp32)
-LOGIT_BYTES = 6  # bf16 logits + two same-size tensors (entropy / log-softmax) per vocabulary entry
+LOGIT_BYTES = 6  # log-prob pass: bf16 logits + two same-size tensors for the entropy, per vocabulary entry
+TRAIN_LOGIT_BYTES = 4  # update: bf16 logits + their gradient (entropy only with entropy_coeff, 0 in every recipe)
 STASH_FACTOR = 1  # full recompute keeps each layer's input, one hidden-size tensor
 CUDA_GRAPH_GIB = 3.0  # vLLM FULL_AND_PIECEWISE graphs at the default capture sizes (vLLM: 1~3 GiB per mode)
 CUDA_GRAPH_SMALL_GIB = 1.5  # max_num_seqs <= 64: fewer, smaller captured batch sizes
@@ -423,7 +424,8 @@ def _activations(i: _In, tp: int, pp: int, cp: int, layers_stage: int, megatron:
     layer at a time, whose working set (q/k/v/o, norms, residual, gate/up/act/product, and their
     grads: x2) is added once. Without checkpointing every layer keeps its whole working set.
     Megatron's 1F1B keeps up to pp micro-batches in flight on the first stage; the last stage holds
-    the fp32 logits. Splits: Megatron's sequence parallel by TP, context parallel / Ulysses by CP.
+    the logits and their gradient. Every sequence is taken at its full length (worst case: with
+    use_remove_padding the real tokens are fewer). Splits: Megatron's sequence parallel by TP, context parallel / Ulysses by CP.
     """
     s = i.shape
     tokens = i.micro_batch_per_gpu * i.seq_len
@@ -438,7 +440,7 @@ def _activations(i: _In, tp: int, pp: int, cp: int, layers_stage: int, megatron:
         per_layer = tokens * h * i.dtype_bytes * STASH_FACTOR / in_split
     else:
         per_layer = layer_work + tokens * h * i.dtype_bytes / in_split
-    logits = tokens * s.vocab_size * LOGIT_BYTES / work_split
+    logits = tokens * s.vocab_size * TRAIN_LOGIT_BYTES / work_split
     first = per_layer * layers_stage * pp + working  # 1F1B: pp micro-batches in flight on stage 0
     last = per_layer * layers_stage + working + logits
     train = last if pp == 1 else max(first, last)
