@@ -3,11 +3,22 @@
 The engine's truth beats ours: a key verl would reject at start-up is rejected here, on the
 login node. Only verl's config folder is needed (`pip install --no-deps verl hydra-core
 omegaconf`); `import verl` itself would pull torch and ray, so the folder is found by spec.
+
+Speed: importing Hydra and composing costs more than all of plan's other checks together. The
+composed config's key tree depends only on verl's YAMLs, so it is composed once per verl version
+and config hash (sha256 of every YAML file) and cached as JSON in the user cache folder. An override
+list the cached tree accepts is accepted without Hydra; anything it cannot decide (config-group
+choices, interpolations, deletions, a dict replaced by a scalar) and anything it would reject goes
+through the real compose, so every rejection is Hydra's own message (tests/unit/test_schema_cache.py
+checks the two side by side).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
+import os
 import re
 import warnings
 from pathlib import Path
@@ -41,8 +52,99 @@ def verl_version() -> str | None:
         return None
 
 
+def _cache_file(config_name: str, config_dir: Path) -> Path:
+    digest = hashlib.sha256()
+    for f in sorted(config_dir.rglob("*.yaml")):
+        digest.update(str(f.relative_to(config_dir)).encode() + b"\0" + f.read_bytes() + b"\0")
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hpc-grpo"
+    return root / f"verl-keys-{verl_version() or 'unknown'}-{config_name}-{digest.hexdigest()[:16]}.json"
+
+
+def key_tree(config_name: str, config_dir: Path) -> dict[str, str]:
+    """Every dotted path of the composed config -> "dict", "list" or "value" (cached, see the module doc)."""
+    cache = _cache_file(config_name, config_dir)
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):
+        pass
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    GlobalHydra.instance().clear()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+                cfg = OmegaConf.to_container(compose(config_name=config_name), resolve=False)
+    finally:
+        GlobalHydra.instance().clear()
+    tree: dict[str, str] = {}
+
+    def walk(node: object, prefix: str) -> None:
+        kind = "dict" if isinstance(node, dict) else "list" if isinstance(node, list) else "value"
+        if prefix:
+            tree[prefix] = kind
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+
+    walk(cfg, "")
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(tree))
+        tmp.replace(cache)
+    except OSError:
+        pass  # a read-only home: compose every time
+    return tree
+
+
+_SIMPLE_KEY = re.compile(r"^(\+\+|\+)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*\Z")
+
+
+def accepted_by_tree(overrides: list[str], tree: dict[str, str], config_dir: Path) -> bool:
+    """True when Hydra would certainly accept every override (same rules as its struct-mode apply):
+    `key=v` needs an existing key, `+key=v` a missing one, `++key=v` either; no parent may be a
+    non-dict. False means "not sure": the caller composes for real."""
+    groups = {p.name for p in config_dir.iterdir() if p.is_dir()}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not _SIMPLE_KEY.match(key) or "${" in value:
+            return False
+        bare = key.lstrip("+")
+        if "." not in bare and bare in groups:
+            return False  # a config-group choice changes the tree itself
+        parts = bare.split(".")
+        for n in range(1, len(parts)):
+            kind = tree.get(".".join(parts[:n]))
+            if kind is None:
+                break
+            if kind != "dict":
+                return False
+        kind = tree.get(bare)
+        if key.startswith("++"):
+            continue
+        if key.startswith("+"):
+            if kind is not None:
+                return False
+            continue
+        if kind is None or (kind == "dict" and not value.startswith("{")):
+            return False
+    return True
+
+
 def compose_check(config_name: str, overrides: list[str], config_dir: Path) -> list[Finding]:
-    """Compose like verl's main_ppo would; each rejected key becomes an error finding naming it."""
+    """Compose like verl's main_ppo would; each rejected key becomes an error finding naming it.
+
+    The cached key tree answers first; only what it cannot accept for sure is composed."""
+    if accepted_by_tree(overrides, key_tree(config_name, config_dir), config_dir):
+        return []
+    return hydra_compose_check(config_name, overrides, config_dir)
+
+
+def hydra_compose_check(config_name: str, overrides: list[str], config_dir: Path) -> list[Finding]:
+    """The real compose (Hydra stops at the first bad key: it is dropped and composed again)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
