@@ -434,5 +434,6 @@ def schema_check(spec: RunSpec, already: list[Finding]) -> tuple[str, list[Findi
     flagged = {f.key.removeprefix("passthrough.") for f in already}
     overrides = [o for o in cmd.overrides if o.split("=", 1)[0] not in flagged]
     found = compose_check(cmd.config_name, overrides, folder)
-    status = f"composed against verl {verl_version()} '{cmd.config_name}': " + ("rejected" if found else "ok")
+    status = (f"composed against verl {verl_version()} '{cmd.config_name}' (key tree cached per verl version and config hash): "
+              + ("rejected" if found else "ok"))
     return status, found

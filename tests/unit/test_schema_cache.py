@@ -69,3 +69,20 @@ def test_the_cache_key_follows_verl_version_and_yaml_content(isolated, tmp_path)
     second = _cache_file("ppo_trainer", copy)
     assert second != first
     assert key_tree("ppo_trainer", copy)["brand_new_section.knob"] == "value"
+
+
+def test_plan_with_a_warm_cache_imports_no_hydra(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    probe = ("import json, sys\nsys.argv = ['hpc-grpo', 'plan', 'recipe=qwen2.5-3b-gsm8k-lora', 'cluster=a100-ib', '--json']\n"
+             "from hpc_grpo import cli\ntry:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+             "print('\\nMODULES=' + json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "WANDB_MODE": "offline"}
+    runs = [subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300) for _ in (1, 2)]
+    mods = [set(json.loads(r.stdout.rsplit("MODULES=", 1)[1])) for r in runs]
+    assert "hydra" in mods[0]  # cold: composed once and cached under $HOME/.cache/hpc-grpo
+    assert "hydra" not in mods[1] and "omegaconf" not in mods[1], runs[1].stdout[-500:]
+    assert '"schema": "composed against verl' in runs[1].stdout
+    assert list((tmp_path / ".cache" / "hpc-grpo").glob("verl-keys-*-ppo_trainer-*.json"))
