@@ -270,8 +270,9 @@ def check_batches(spec: RunSpec, lay: Layout) -> list[Finding]:
     return out
 
 
-def check_rollout(spec: RunSpec) -> list[Finding]:
-    """vLLM's limits: how many waves one engine needs for its share of a step's sequences."""
+def check_rollout(spec: RunSpec, shape: ModelShape | None = None, est: object | None = None) -> list[Finding]:
+    """vLLM's limits: how many waves one engine needs for its share of a step's sequences, and how many
+    full-length sequences its KV cache holds at once (vLLM queues the rest: more waves in effect)."""
     r = spec.recipe
     if r.engine != "verl" or not spec.world_size:
         return []
@@ -279,8 +280,14 @@ def check_rollout(spec: RunSpec) -> list[Finding]:
 
     per_engine, cap = sequences_per_engine(spec), max_num_seqs(spec)
     waves = -(-per_engine // cap)
+    max_len = r.data.max_prompt_length + r.data.max_response_length
     msg = (f"{rollout_engines(spec)} vLLM engine(s) x max_num_seqs {cap}: each generates {per_engine} sequences per step "
-           f"in {waves} wave(s); max_model_len {r.data.max_prompt_length + r.data.max_response_length}")
+           f"in {waves} wave(s); max_model_len {max_len}")
+    kv_gib = getattr(est, "rollout_kv_gib", None)
+    if shape is not None and kv_gib and kv_gib > 0:
+        per_token = 2 * shape.num_hidden_layers * shape.num_key_value_heads * shape.head_dim * 2 / r.parallel.rollout_tp
+        held = int(kv_gib * 2**30 / (per_token * max_len))
+        msg += f"; its ~{kv_gib:.0f} GiB KV cache holds ~{held} full-length sequences at once"
     if waves > 1:
         return [warning("rollout.max_num_seqs", msg + " (each wave waits for its longest response)",
                         f"use rollout.max_num_seqs={per_engine} if the KV cache holds it, or accept the waves")]
@@ -397,7 +404,6 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Pl
         lambda: check_resources(spec, lay),
         lambda: check_layout(spec, lay, shape),
         lambda: check_batches(spec, lay),
-        lambda: check_rollout(spec),
         lambda: check_disk(spec, shape),
         lambda: check_environment(spec, for_submit),
     ]
@@ -405,6 +411,7 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Pl
         plan.findings.extend(check())
     mem, plan.memory = check_memory(spec, lay, shape)
     plan.findings.extend(mem)
+    plan.findings.extend(check_rollout(spec, shape, plan.memory))
     from hpc_grpo.schedule import make_schedule, schedule_findings
 
     plan.schedule = make_schedule(spec, shape)
