@@ -210,6 +210,9 @@ if [ "$node_index" -eq 0 ]; then
     actor_rollout_ref.rollout.gpu_memory_utilization=0.8
     actor_rollout_ref.rollout.load_format=safetensors
     actor_rollout_ref.rollout.layered_summon=True
+    actor_rollout_ref.rollout.max_model_len=1536
+    actor_rollout_ref.rollout.max_num_seqs=1280
+    actor_rollout_ref.rollout.enforce_eager=False
     actor_rollout_ref.actor.fsdp_config.param_offload=False
     actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
     actor_rollout_ref.ref.fsdp_config.param_offload=True
@@ -222,7 +225,7 @@ if [ "$node_index" -eq 0 ]; then
     trainer.total_epochs=5
     trainer.test_freq=5
     trainer.val_before_train=False
-    trainer.save_freq=50
+    trainer.save_freq=7
     trainer.max_actor_ckpt_to_keep=3
     trainer.resume_mode=auto
     trainer.default_local_dir=/runs/golden/checkpoints

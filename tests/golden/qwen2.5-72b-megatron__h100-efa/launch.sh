@@ -190,7 +190,6 @@ if [ "$node_index" -eq 0 ]; then
     data.truncation=error
     data.shuffle=True
     actor_rollout_ref.model.path=Qwen/Qwen2.5-72B-Instruct
-    actor_rollout_ref.model.enable_gradient_checkpointing=True
     actor_rollout_ref.model.use_remove_padding=True
     actor_rollout_ref.model.trust_remote_code=False
     actor_rollout_ref.actor.optim.lr=5e-07
@@ -208,6 +207,9 @@ if [ "$node_index" -eq 0 ]; then
     actor_rollout_ref.rollout.temperature=1.0
     actor_rollout_ref.rollout.tensor_model_parallel_size=8
     actor_rollout_ref.rollout.gpu_memory_utilization=0.5
+    actor_rollout_ref.rollout.max_model_len=2048
+    actor_rollout_ref.rollout.max_num_seqs=320
+    actor_rollout_ref.rollout.enforce_eager=False
     actor_rollout_ref.actor.megatron.tensor_model_parallel_size=8
     actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=4
     actor_rollout_ref.actor.megatron.context_parallel_size=1
@@ -220,6 +222,9 @@ if [ "$node_index" -eq 0 ]; then
     actor_rollout_ref.ref.megatron.expert_model_parallel_size=1
     actor_rollout_ref.ref.megatron.sequence_parallel=True
     actor_rollout_ref.ref.megatron.dtype=bfloat16
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1
     actor_rollout_ref.actor.megatron.param_offload=False
     actor_rollout_ref.actor.megatron.optimizer_offload=True
     actor_rollout_ref.ref.megatron.param_offload=True

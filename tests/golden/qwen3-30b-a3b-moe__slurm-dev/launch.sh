@@ -190,7 +190,6 @@ if [ "$node_index" -eq 0 ]; then
     data.truncation=error
     data.shuffle=True
     actor_rollout_ref.model.path=Qwen/Qwen3-30B-A3B
-    actor_rollout_ref.model.enable_gradient_checkpointing=True
     actor_rollout_ref.model.use_remove_padding=True
     actor_rollout_ref.model.trust_remote_code=False
     actor_rollout_ref.actor.optim.lr=1e-06
@@ -208,6 +207,9 @@ if [ "$node_index" -eq 0 ]; then
     actor_rollout_ref.rollout.temperature=1.0
     actor_rollout_ref.rollout.tensor_model_parallel_size=4
     actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+    actor_rollout_ref.rollout.max_model_len=1536
+    actor_rollout_ref.rollout.max_num_seqs=320
+    actor_rollout_ref.rollout.enforce_eager=False
     actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4
     actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
     actor_rollout_ref.actor.megatron.context_parallel_size=1
@@ -222,6 +224,9 @@ if [ "$node_index" -eq 0 ]; then
     actor_rollout_ref.ref.megatron.expert_tensor_parallel_size=1
     actor_rollout_ref.ref.megatron.sequence_parallel=True
     actor_rollout_ref.ref.megatron.dtype=bfloat16
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1
     actor_rollout_ref.actor.megatron.param_offload=True
     actor_rollout_ref.actor.megatron.optimizer_offload=True
     actor_rollout_ref.ref.megatron.param_offload=True
@@ -231,7 +236,7 @@ if [ "$node_index" -eq 0 ]; then
     trainer.total_epochs=2
     trainer.test_freq=-1
     trainer.val_before_train=False
-    trainer.save_freq=50
+    trainer.save_freq=29
     trainer.max_actor_ckpt_to_keep=2
     trainer.resume_mode=auto
     trainer.default_local_dir=/runs/golden/checkpoints
