@@ -397,6 +397,26 @@ def data_gsm8k(
         out.print(f"  {p}")
 
 
+@data_app.command("codegen")
+def data_codegen(
+    source: Annotated[str, typer.Option(help="problems file (JSON/JSONL: ours, MBPP, APPS/TACO, HumanEval layout), "
+                                             "'tiny' (the 16 shipped problems) or hf:NAME[:CONFIG] when online")] = "tiny",
+    out_dir: Annotated[Path, typer.Option("--out", help="output folder")] = Path("~/hpc-grpo-data/codegen"),
+    test_every: Annotated[int, typer.Option(help="every N-th problem goes to the test split (0: test = train)")] = 4,
+    max_prompt_tokens: Annotated[Optional[int], typer.Option(help="drop longer prompts (needs --tokenizer)")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help="model folder whose tokenizer counts prompt tokens")] = None,
+) -> None:
+    """Write code problems with their tests in verl's parquet format and the trl engine's jsonl format."""
+    from hpc_grpo.codegen_data import SHIPPED_PROBLEMS, prepare_codegen
+
+    src = str(SHIPPED_PROBLEMS) if source == "tiny" else source
+    result = prepare_codegen(src, out_dir.expanduser(), test_every, max_prompt_tokens, tokenizer)
+    out.print(f"code problems from {result.source}: {result.n_train} train, {result.n_test} test rows"
+              + (f", {result.dropped_overlong} overlong prompts dropped" if result.dropped_overlong else ""))
+    for p in (result.verl_train, result.verl_test, result.trl_train, result.trl_test):
+        out.print(f"  {p}")
+
+
 @model_app.command("tiny")
 def model_tiny(
     out_dir: Annotated[Path, typer.Option("--out", help="output folder")] = Path("~/.cache/hpc-grpo/tiny-qwen2"),
