@@ -20,7 +20,8 @@ from typing import Any
 from hpc_grpo.code_reward import RewardWeights, score_batch
 from hpc_grpo.codegen_data import ground_truth, make_prompt, normalize
 
-__all__ = ["humaneval_file", "load_humaneval", "pass_at_k", "score_samples", "evaluate_humaneval", "evaluate_run"]
+__all__ = ["humaneval_file", "load_humaneval", "pass_at_k", "score_samples", "evaluate_humaneval", "evaluate_run",
+           "task_scores"]
 
 
 def humaneval_file() -> Path:
@@ -130,3 +131,13 @@ def evaluate_run(run_dir: str | Path, **kwargs: Any) -> dict[str, Any]:
         evaluate_humaneval(base, label="base", **kwargs),
         evaluate_humaneval(**{"model_path": base, **policy}, label="policy", **kwargs),
     ]}
+
+
+def task_scores(model_dir: str, limit: int | None = None, n: int = 1, ks: Sequence[int] = (1,),
+                max_new_tokens: int = 512, adapter: str | None = None) -> dict[str, Any]:
+    """The shape `hpc-grpo eval` (hpc_grpo/evaluate.py) keeps per task: {"humaneval": {"pass@1": ..., "n": problems}}.
+    Its metric names for W&B and prune: humaneval/pass@k."""
+    r = evaluate_humaneval(model_dir, adapter=adapter, limit=limit, n=n, ks=ks, max_new_tokens=max_new_tokens)
+    scores = {f"pass@{k}": r[f"pass@{k}"] for k in ks if f"pass@{k}" in r}
+    return {"humaneval": {**scores, "n": r["problems"], "samples_per_problem": r["samples_per_problem"],
+                          "outcomes": r["outcomes"], "isolation": r["isolation"]}}
