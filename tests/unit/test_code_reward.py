@@ -178,3 +178,23 @@ def test_fallback_without_namespaces() -> None:
     time.sleep(0.2)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert "code_sandbox.py" not in ps
+
+
+def test_verl_codegen_recipe_renders_the_reward() -> None:
+    """The 7B recipe's main_ppo call loads this module's compute_score with the recipe's weights, and a
+    passthrough that would point the reward elsewhere is refused (one source per setting)."""
+    from hpc_grpo.engines.verl import VerlEngine
+    from hpc_grpo.resolve import resolve_spec
+
+    spec = resolve_spec("qwen2.5-7b-codegen", "a100-ib")
+    argv = VerlEngine().command(spec).argv
+    assert "reward.custom_reward_function.path=pkg://hpc_grpo.code_reward" in argv
+    assert "reward.custom_reward_function.name=compute_score" in argv
+    assert "+reward.custom_reward_function.reward_kwargs.style_weight=0.1" in argv
+    assert not any(a.startswith("custom_reward_function.") for a in argv)  # the legacy top-level key
+    import importlib
+
+    mod = importlib.import_module("hpc_grpo.code_reward")
+    assert callable(getattr(mod, "compute_score"))
+    clash = resolve_spec("qwen2.5-7b-codegen", "a100-ib", overrides=["reward.custom_reward_function.path=/x.py"])
+    assert any(f.key == "passthrough.reward.custom_reward_function.path" for f in VerlEngine().check(clash))
