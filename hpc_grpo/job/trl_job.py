@@ -362,6 +362,14 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=spec.recipe.model.trust_remote_code)
     dataset = filter_prompts(load_train_dataset(spec), tokenizer, spec, model_path)
+    if spec.recipe.grpo.reward == "code_exec":
+        from hpc_grpo.code_reward import parse_ground_truth
+
+        try:
+            parse_ground_truth(dataset[0]["ground_truth"])
+        except (ValueError, TypeError) as exc:
+            raise JobError(f"grpo.reward=code_exec but {spec.recipe.data.train_files} holds no code tests ({exc}): "
+                           "prepare it with `hpc-grpo data codegen`") from None
 
     config = build_grpo_config(grpo_config_kwargs(spec, use_cpu=use_cpu))
     lora_kwargs = lora_config_kwargs(spec)
