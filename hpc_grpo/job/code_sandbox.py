@@ -237,13 +237,15 @@ def supervise(job: dict) -> dict:
     workdir = None
     if os.geteuid() == 0 and not job.get("no_namespaces"):
         claimed = _claim_uid()
-        if claimed is not None:
-            uid, _lock_fd = claimed
-            why = _isolate(libc, uid)
-            if why:
-                return {"status": "sandbox_error", "passed": 0, "total": len(tests), "error": why,
-                        "seconds": time.monotonic() - t0, "isolation": "failed"}
-            isolation, workdir = "namespaces+uid", WORKDIR
+        while claimed is None and time.monotonic() - t0 < wall:  # all 256 uids busy: wait, never run unisolated
+            time.sleep(0.05)
+            claimed = _claim_uid()
+        why = "no free sandbox uid" if claimed is None else _isolate(libc, claimed[0])
+        if why:
+            return {"status": "sandbox_error", "passed": 0, "total": len(tests), "error": why,
+                    "seconds": time.monotonic() - t0, "isolation": "failed"}
+        uid, _lock_fd = claimed
+        isolation, workdir = "namespaces+uid", WORKDIR
     if workdir is None:
         import tempfile
 
