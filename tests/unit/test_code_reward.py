@@ -207,3 +207,13 @@ def test_verl_codegen_recipe_renders_the_reward() -> None:
     assert callable(getattr(mod, "compute_score"))
     clash = resolve_spec("qwen2.5-7b-codegen", "a100-ib", overrides=["reward.custom_reward_function.path=/x.py"])
     assert any(f.key == "passthrough.reward.custom_reward_function.path" for f in VerlEngine().check(clash))
+
+
+def test_trl_job_picks_the_execution_reward() -> None:
+    from hpc_grpo.job.trl_job import reward_function
+    from hpc_grpo.resolve import resolve_spec
+
+    fn = reward_function(resolve_spec("tiny-codegen", "local"))
+    assert fn.__name__ == "code_exec"
+    assert fn([fenced("def add(a, b):\n    return a + b")], [GT]) == [1.0]
+    assert reward_function(resolve_spec("tiny-gsm8k", "local")).__name__ == "gsm8k_flexible"
