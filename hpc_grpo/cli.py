@@ -417,6 +417,58 @@ def data_gsm8k(
         out.print(f"  {p}")
 
 
+@data_app.command("codegen")
+def data_codegen(
+    source: Annotated[str, typer.Option(help="problems file (JSON/JSONL: ours, MBPP, APPS/TACO, HumanEval layout), "
+                                             "'tiny' (the 16 shipped problems) or hf:NAME[:CONFIG] when online")] = "tiny",
+    out_dir: Annotated[Path, typer.Option("--out", help="output folder")] = Path("~/hpc-grpo-data/codegen"),
+    test_every: Annotated[int, typer.Option(help="every N-th problem goes to the test split (0: test = train)")] = 4,
+    max_prompt_tokens: Annotated[Optional[int], typer.Option(help="drop longer prompts (needs --tokenizer)")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help="model folder whose tokenizer counts prompt tokens")] = None,
+) -> None:
+    """Write code problems with their tests in verl's parquet format and the trl engine's jsonl format."""
+    from hpc_grpo.codegen_data import SHIPPED_PROBLEMS, prepare_codegen
+
+    src = str(SHIPPED_PROBLEMS) if source == "tiny" else source
+    result = prepare_codegen(src, out_dir.expanduser(), test_every, max_prompt_tokens, tokenizer)
+    out.print(f"code problems from {result.source}: {result.n_train} train, {result.n_test} test rows"
+              + (f", {result.dropped_overlong} overlong prompts dropped" if result.dropped_overlong else ""))
+    for p in (result.verl_train, result.verl_test, result.trl_train, result.trl_test):
+        out.print(f"  {p}")
+
+
+@app.command("eval-code")
+def eval_code(
+    run_dir: Annotated[Optional[Path], typer.Argument(help="a finished run: its base model and its trained policy")] = None,
+    model: Annotated[Optional[str], typer.Option(help="evaluate this model folder instead of a run")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="first N HumanEval problems (default: all 164)")] = None,
+    n: Annotated[int, typer.Option(help="samples per problem (sampled when > 1)")] = 1,
+    k: Annotated[Optional[list[int]], typer.Option(help="pass@k to report (k <= n; repeatable)")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="tokens per sample")] = 512,
+    temperature: Annotated[float, typer.Option(help="sampling temperature when n > 1")] = 0.8,
+    json_out: Annotated[Optional[Path], typer.Option("--json-out", help="also write the report here")] = None,
+) -> None:
+    """HumanEval pass@1 / pass@k through the sandboxed executor, base model beside the policy of a run."""
+    from hpc_grpo.humaneval import evaluate_humaneval, evaluate_run
+
+    if (run_dir is None) == (model is None):
+        raise SpecError("eval-code: give a run folder or --model (one of them)")
+    ks = sorted(set(k or [1]))
+    if any(x < 1 or x > n for x in ks):
+        raise SpecError(f"--k {ks}: each k must be between 1 and --n={n}")
+    opts = {"limit": limit, "n": n, "ks": ks, "max_new_tokens": max_new_tokens, "temperature": temperature}
+    report = evaluate_run(run_dir, **opts) if run_dir else {"task": "humaneval", "models": [evaluate_humaneval(model, **opts)]}
+    if json_out:
+        json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    t = Table(title="HumanEval")
+    for col in ("model", "problems", "n", *[f"pass@{x}" for x in ks], "outcomes"):
+        t.add_column(col)
+    for m in report["models"]:
+        t.add_row(m["label"], str(m["problems"]), str(m["n"]), *[f"{m.get(f'pass@{x}', float('nan')):.3f}" for x in ks],
+                  " ".join(f"{kk}={v}" for kk, v in sorted(m["outcomes"].items())))
+    out.print(t)
+
+
 @model_app.command("tiny")
 def model_tiny(
     out_dir: Annotated[Path, typer.Option("--out", help="output folder")] = Path("~/.cache/hpc-grpo/tiny-qwen2"),

@@ -166,6 +166,17 @@ class Parallel(Strict):
     rollout_tp: int = Field(default=1, gt=0)
 
 
+class CodeReward(Strict):
+    """Weights and limits of the execution reward (grpo.reward=code_exec; hpc_grpo/code_reward.py)."""
+
+    pass_weight: float = Field(default=1.0, ge=0, description="times the share of tests passed")
+    style_weight: float = Field(default=0.0, ge=0, description="times the pyflakes style score, if a test passed")
+    syntax_penalty: float = Field(default=0.2, ge=0, description="subtracted for code that does not compile")
+    no_code_penalty: float = Field(default=0.5, ge=0, description="subtracted when the completion holds no code")
+    per_test_timeout: float = Field(default=1.0, gt=0, le=60, description="wall seconds per test; the first overrun ends the completion")
+    memory_mb: int = Field(default=1024, ge=64, description="address-space limit of the code under test")
+
+
 class Grpo(Strict):
     """The GRPO algorithm: group size, KL regularisation, learning rate."""
 
@@ -177,8 +188,9 @@ class Grpo(Strict):
     entropy_coeff: float = Field(default=0.0, ge=0)
     norm_adv_by_std: bool = True
     temperature: float = Field(default=1.0, gt=0)
-    reward: Literal["gsm8k_strict", "gsm8k_flexible"] = "gsm8k_strict"
+    reward: Literal["gsm8k_strict", "gsm8k_flexible", "code_exec"] = "gsm8k_strict"
     format_score: float = Field(default=0.0, ge=0, le=1, description="reward for a parsable but wrong answer")
+    code: CodeReward = Field(default_factory=CodeReward)
 
 
 class Batch(Strict):

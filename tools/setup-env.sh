@@ -29,5 +29,8 @@ echo "hpc-grpo: installing hpc-grpo[$extras]"
 if [ "${1:-}" = "dev" ]; then
   # verl's Hydra YAMLs for the schema check; --no-deps: the full verl pulls ray/vllm/CUDA and needs transformers < 5.11
   "${pip[@]}" --no-deps "verl==0.9.1"
+  # verl's reward loader (verl.trainer.ppo.reward) imports verl.protocol, which needs tensordict: the test that
+  # calls our execution reward through verl's own loader uses it
+  "${pip[@]}" "tensordict"
 fi
 echo "hpc-grpo: environment ready: source $venv/bin/activate"

@@ -16,6 +16,10 @@ from hpc_grpo.findings import Finding, error
 from hpc_grpo.spec import RunSpec
 
 ENTRY = ["python3", "-m", "verl.trainer.main_ppo"]
+# verl 0.9.1 loads reward.custom_reward_function (the top-level custom_reward_function is the legacy key)
+# with verl.utils.import_utils.load_extern_object, which imports pkg:// paths as installed modules.
+CODE_REWARD_PATH = "pkg://hpc_grpo.code_reward"
+CODE_REWARD_NAME = "compute_score"
 
 
 def checkpoint_dir(spec: RunSpec) -> Path:
@@ -158,6 +162,12 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     add("trainer.logger", list(r.logging.logger), "logging.logger")
     add("trainer.project_name", r.logging.project, "logging.project")
     add("trainer.experiment_name", r.logging.experiment or spec.run_name, "logging.experiment")
+    if r.grpo.reward == "code_exec":
+        crf = "reward.custom_reward_function"
+        add(f"{crf}.path", CODE_REWARD_PATH, "grpo.reward")
+        add(f"{crf}.name", CODE_REWARD_NAME, "grpo.reward")
+        for key, value in r.grpo.code.model_dump().items():
+            add(f"+{crf}.reward_kwargs.{key}", value, f"grpo.code.{key}")
     cpus = spec.cluster.cpus_per_node if r.resources.cpus_per_task is None else r.resources.cpus_per_task
     add("ray_kwargs.ray_init.num_cpus", cpus, "resources.cpus_per_task")
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
@@ -185,10 +195,10 @@ class VerlEngine:
         """Passthrough keys: well-formed, real verl keys, and not fighting a modelled field."""
         findings: list[Finding] = []
         g = spec.recipe.grpo
-        if g.reward != "gsm8k_strict" or g.format_score:
+        if g.reward == "gsm8k_flexible" or (g.reward == "gsm8k_strict" and g.format_score):
             findings.append(error("grpo.reward", "verl's built-in GSM8K reward is the strict scorer with format score 0",
-                                  "use grpo.reward=gsm8k_strict grpo.format_score=0, or a custom reward function "
-                                  "(passthrough custom_reward_function.path=...)"))
+                                  "use grpo.reward=gsm8k_strict grpo.format_score=0, or grpo.reward=code_exec "
+                                  "(the execution reward, wired as reward.custom_reward_function)"))
         owned = {o.key: o.source for o in modelled_overrides(spec)}
         for key in spec.recipe.passthrough:
             pkey = f"passthrough.{key}"

@@ -256,6 +256,19 @@ def filter_prompts(ds: Any, tokenizer: Any, spec: RunSpec, model_path: str) -> A
     return ds
 
 
+def reward_function(spec: RunSpec) -> Any:
+    """The recipe's reward for trl: GSM8K's scorer, or the execution reward over the job's CPUs."""
+    g = spec.recipe.grpo
+    if g.reward == "code_exec":
+        from hpc_grpo.code_reward import RewardWeights, make_trl_code_reward
+
+        workers = spec.recipe.resources.cpus_per_task or len(os.sched_getaffinity(0))
+        return make_trl_code_reward(RewardWeights(**g.code.model_dump()), workers=workers)
+    from hpc_grpo.rewards import make_trl_reward
+
+    return make_trl_reward(g.reward.removeprefix("gsm8k_"), g.format_score)
+
+
 def build_grpo_config(kwargs: dict[str, Any]) -> Any:
     """GRPOConfig, with transformers < 5's spelling of activation checkpointing if needed."""
     import dataclasses
@@ -347,10 +360,16 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer, PrinterCallback
     from trl import GRPOTrainer
 
-    from hpc_grpo.rewards import make_trl_reward
-
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=spec.recipe.model.trust_remote_code)
     dataset = filter_prompts(load_train_dataset(spec), tokenizer, spec, model_path)
+    if spec.recipe.grpo.reward == "code_exec":
+        from hpc_grpo.code_reward import parse_ground_truth
+
+        try:
+            parse_ground_truth(dataset[0]["ground_truth"])
+        except (ValueError, TypeError) as exc:
+            raise JobError(f"grpo.reward=code_exec but {spec.recipe.data.train_files} holds no code tests ({exc}): "
+                           "prepare it with `hpc-grpo data codegen`") from None
 
     config = build_grpo_config(grpo_config_kwargs(spec, use_cpu=use_cpu))
     lora_kwargs = lora_config_kwargs(spec)
@@ -360,7 +379,7 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
 
     trainer = GRPOTrainer(
         model=model_path,
-        reward_funcs=make_trl_reward(spec.recipe.grpo.reward.removeprefix("gsm8k_"), spec.recipe.grpo.format_score),
+        reward_funcs=reward_function(spec),
         args=config,
         train_dataset=dataset,
         peft_config=peft_config,

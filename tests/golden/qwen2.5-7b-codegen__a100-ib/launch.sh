@@ -242,6 +242,14 @@ if [ "$node_index" -eq 0 ]; then
     'trainer.logger=[console,wandb]'
     trainer.project_name=hpc-grpo-codegen
     trainer.experiment_name=golden
+    reward.custom_reward_function.path=pkg://hpc_grpo.code_reward
+    reward.custom_reward_function.name=compute_score
+    +reward.custom_reward_function.reward_kwargs.pass_weight=1.0
+    +reward.custom_reward_function.reward_kwargs.style_weight=0.1
+    +reward.custom_reward_function.reward_kwargs.syntax_penalty=0.2
+    +reward.custom_reward_function.reward_kwargs.no_code_penalty=0.5
+    +reward.custom_reward_function.reward_kwargs.per_test_timeout=1.0
+    +reward.custom_reward_function.reward_kwargs.memory_mb=1024
     ray_kwargs.ray_init.num_cpus=64
     +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RUN_ID=golden
     +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RESUME=allow

