@@ -86,10 +86,13 @@ def parse_args(args: list[str] | None) -> tuple[str, str | None, list[str]]:
 
 
 def _resolve(args: list[str] | None, name: str | None):
+    from hpc_grpo.clusterpick import choose_cluster
     from hpc_grpo.resolve import resolve_spec
 
     recipe, cluster, overrides = parse_args(args)
-    return resolve_spec(recipe, cluster, overrides, run_name=name)
+    choice = choose_cluster(cluster)
+    err.print(f"cluster: {choice.name} ({choice.why})")
+    return resolve_spec(recipe, choice.name, overrides, run_name=name)
 
 
 # ------------------------------------------------------------------------------------- printing
