@@ -16,9 +16,9 @@ The W&B credential check stays in plan.check_environment; no check here reads a 
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
+import pwd
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -39,8 +39,12 @@ def run_preflight(spec: RunSpec, shape: ModelShape | None, findings: list[Findin
     """plan's one call: the other checks' findings with better cluster advice, plus every preflight finding."""
     make: Make = error if for_submit else warning
     out = advise_clusters(spec, findings)
-    out += check_model(spec, make)
-    out += check_data(spec, make)
+    if spec.recipe.launch.driver:
+        out.append(info("launch.driver", "the engine's driver is replaced: model and data files are the replacement's "
+                        "business and were not checked"))
+    else:
+        out += check_model(spec, make)
+        out += check_data(spec, make)
     out += check_runs_root(spec, shape, make)
     if spec.cluster.scheduler == "slurm":
         out += check_slurm(spec, make, for_submit)
@@ -283,7 +287,7 @@ def check_association(spec: RunSpec, make: Make) -> list[Finding]:
     account, qos = r.resources.account or c.account, r.resources.qos or c.qos
     if not account and not qos:
         return []
-    user = os.environ.get("USER") or getpass.getuser()
+    user = pwd.getpwuid(os.getuid()).pw_name  # Slurm goes by the uid, not by $USER
     assoc = slurm.associations(user, c.slurm_cluster_name)
     if assoc is None:
         return [warning("resources.account", "sacctmgr did not answer: account and qos were not checked",

@@ -516,7 +516,7 @@ def associations(user: str, cluster: str | None = None) -> list[tuple[str, list[
     """The accounts and QOS the user may submit with; None when accounting cannot be asked (no slurmdbd)."""
     if not re.fullmatch(r"[A-Za-z0-9._-]+", user):
         raise ValueError(f"not a user name: {user!r}")
-    args = ["sacctmgr", "--noheader", "--parsable2", "show", "assoc", f"where user={user}"]
+    args = ["sacctmgr", "--noheader", "--parsable2", "show", "assoc", "where", f"user={user}"]
     if cluster:
         args.append(f"cluster={cluster}")
     args.append("format=Account,QOS")
