@@ -354,11 +354,13 @@ def print_status(status: Any) -> None:
 
 
 def print_monitor(mon: Any) -> None:
+    from rich.markup import escape  # the bar's [###---] would read as a markup tag
+
     from hpc_grpo.monitor import bar, duration
 
     p = mon.progress
     total = f"~{p.total}" if p.total and p.total_estimated else p.total
-    out.print(f"Progress: {bar(p.step, p.total)}   {p.step_time_s or 0:.1f} s/step   ETA {duration(p.eta_s)}   "
+    out.print(f"Progress: {escape(bar(p.step, p.total))}   {p.step_time_s or 0:.1f} s/step   ETA {duration(p.eta_s)}   "
               f"requeues {p.requeues}" + (f"   (total {total}, estimated from the data)" if p.total_estimated else ""))
     if mon.latest:
         names = ("reward", "kl", "grad_norm", "response_length")
@@ -366,7 +368,7 @@ def print_monitor(mon: Any) -> None:
             f"{k} {mon.latest[k]:.4g}" if isinstance(mon.latest.get(k), float) else f"{k} -" for k in names))
     out.print(f"[dim]metrics from {mon.source}[/]")
     for hint in mon.hints:
-        out.print(f"[yellow]hint:[/] {hint}")
+        out.print(f"[yellow]hint:[/] {escape(hint)}")
 
 
 def print_gpus(job: str, rows: list[Any]) -> None:

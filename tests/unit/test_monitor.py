@@ -123,3 +123,24 @@ def test_log_path_per_node(isolated) -> None:
     spec = trl_spec(isolated)
     assert monitor.log_path(spec, "7", 1).name == "7_1_log.out"
     assert monitor.log_path(spec, "7", 0, err=True).name == "7_0_log.err"
+
+
+def test_status_prints_the_bar_and_hints(isolated, monkeypatch, capsys) -> None:
+    import sys
+
+    from hpc_grpo import cli
+
+    spec = trl_spec(isolated)
+    from hpc_grpo.render import render_all, write_files
+
+    write_files(spec.path, render_all(spec))
+    write_metrics(spec, [{"step": s, "reward": 0.1, "kl": 0.001, "grad_norm": 0.3, "completion_length": 32.0,
+                          "time": 10.0 + s} for s in range(1, 9)])
+    monkeypatch.setattr(sys, "argv", ["hpc-grpo", "status", str(spec.path)])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    text = capsys.readouterr().out
+    assert exc.value.code == 0, text
+    assert "Progress: [##########--------------------] 8/24 33%   1.0 s/step   ETA 0:00:16   requeues 0" in text
+    assert "Latest (step 8): reward 0.1   kl 0.001   grad_norm 0.3   response_length 32" in text
+    assert "hint: mean response length 32 at the limit" in " ".join(text.split())
