@@ -47,7 +47,8 @@ def run_preflight(spec: RunSpec, shape: ModelShape | None, findings: list[Findin
         out += check_data(spec, make)
     out += check_runs_root(spec, shape, make)
     if spec.cluster.scheduler == "slurm":
-        out += check_slurm(spec, make, for_submit)
+        refused = {f.key for f in findings if f.severity is Severity.ERROR}  # the profile already refuses these
+        out += [f for f in check_slurm(spec, make, for_submit) if f.key not in refused]
     return out
 
 
@@ -128,8 +129,10 @@ def check_data(spec: RunSpec, make: Make) -> list[Finding]:
     for key in ("train_files", "val_files"):
         path = Path(getattr(spec.recipe.data, key))
         if not path.is_file():
+            command = "`hpc-grpo data gsm8k --out DIR`" if "gsm8k" in str(path) else \
+                "the `hpc-grpo data` command of its task (`hpc-grpo data --help`)"
             out.append(make(f"data.{key}", f"{path} does not exist here",
-                            "run `hpc-grpo data gsm8k --out DIR` and point data.* at its files, or fix the path"))
+                            f"run {command} and point data.* at its files, or fix the path"))
             continue
         cols, how = read_columns(path)
         if cols is None:

@@ -100,7 +100,7 @@ def test_preflight_error_exits_1_and_queues_nothing(env: Env, case: str) -> None
     name = env.name(f"pf-{case}")
     if case == "missing-data":
         args, refusal, fix = ([*env.tiny, f"data.train_files={env.root / 'no-such.jsonl'}"], "no-such.jsonl does not "
-                              "exist here", "hpc-grpo data gsm8k")
+                              "exist here", "hpc-grpo data --help")
     elif case == "node-local-root":
         local_root = Path("/var/tmp") / f"hpc-grpo-{name}"
         args, refusal, fix = (["recipe=ray-probe", "resources.nodes=2", f"cluster.runs_root={local_root}"],

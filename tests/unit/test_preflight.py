@@ -102,9 +102,12 @@ def test_jsonl_columns_are_read_from_the_first_line(isolated) -> None:
 
 
 def test_missing_data_file(isolated) -> None:
-    spec = tiny_spec(isolated, f"data.val_files={isolated / 'none.jsonl'}")
+    spec = tiny_spec(isolated, f"data.val_files={isolated / 'gsm8k' / 'none.jsonl'}")
     (f,) = preflight.check_data(spec, make)
     assert f.key == "data.val_files" and "does not exist" in f.message and "hpc-grpo data gsm8k" in f.fix
+    spec = tiny_spec(isolated, f"data.val_files={isolated / 'code' / 'none.jsonl'}")
+    (f,) = preflight.check_data(spec, make)
+    assert "hpc-grpo data --help" in f.fix
 
 
 def test_parquet_columns_come_from_the_footer(isolated) -> None:
@@ -217,6 +220,15 @@ def test_gpu_recipe_on_local_names_the_profiles_that_can(isolated) -> None:
     (f,) = [f for f in plan.findings if f.key == "resources.gpus_per_node" and f.severity is Severity.ERROR]
     assert "<=0" not in f.fix
     assert "cluster=a100-ib" in f.fix and "cluster=h100-roce" in f.fix and "cluster=local" not in f.fix
+
+
+def test_slurm_does_not_repeat_what_the_profile_refuses(isolated, monkeypatch) -> None:
+    spec = tiny_spec(isolated, "resources.time=03:00:00", cluster="slurm-dev")
+    monkeypatch.setattr(preflight, "check_slurm", lambda *a: [error("resources.time", "MaxTime"),
+                                                              error("resources.account", "acct")])
+    found = preflight.run_preflight(spec, None, [error("resources.time", "profile limit")], for_submit=True)
+    assert [(f.key, f.message) for f in found if f.severity is Severity.ERROR] == [
+        ("resources.time", "profile limit"), ("resources.account", "acct")]
 
 
 def test_too_many_nodes_keeps_its_fix_and_adds_profiles(isolated) -> None:
