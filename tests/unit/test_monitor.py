@@ -144,3 +144,32 @@ def test_status_prints_the_bar_and_hints(isolated, monkeypatch, capsys) -> None:
     assert "Progress: [##########--------------------] 8/24 33%   1.0 s/step   ETA 0:00:16   requeues 0" in text
     assert "Latest (step 8): reward 0.1   kl 0.001   grad_norm 0.3   response_length 32" in text
     assert "hint: mean response length 32 at the limit" in " ".join(text.split())
+
+
+def test_logs_follow_ends_with_the_job_and_node_is_checked(isolated, monkeypatch, capsys) -> None:
+    """`logs -f` on a job that is no longer live prints the log once and returns; --node outside the run is refused."""
+    import subprocess
+    import sys
+    import time
+
+    from hpc_grpo import cli
+
+    spec = trl_spec(isolated)
+    from hpc_grpo.render import render_all, write_files
+
+    write_files(spec.path, render_all(spec))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a local job id is its pid: this one has ended
+    runs.append_history(spec.path, str(dead.pid), "train", "local")
+    monitor.log_path(spec, str(dead.pid)).parent.mkdir(exist_ok=True)
+    monitor.log_path(spec, str(dead.pid)).write_text("line one\nline two\n")
+    monkeypatch.setattr(sys, "argv", ["hpc-grpo", "logs", str(spec.path), "-f"])
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 0 and time.monotonic() - t0 < 10
+    assert capsys.readouterr().out == "line one\nline two\n"
+    monkeypatch.setattr(sys, "argv", ["hpc-grpo", "logs", str(spec.path), "--node", "1"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2 and "nodes 0..0" in capsys.readouterr().err
