@@ -389,12 +389,18 @@ def status(
     run: Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")] = None,
     as_json: JsonT = False,
     gpus: Annotated[bool, typer.Option("--gpus", help="nvidia-smi on every node of the running job")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="then print the progress line at each new step while a "
+                                        "job of the run is live")] = False,
 ) -> None:
     """Show a run: job chain with live Slurm state, progress, latest metrics and health hints, checkpoints, logs."""
     from hpc_grpo.monitor import gpu_usage, monitor
     from hpc_grpo.status import locate_run, run_status
 
-    result = run_status(locate_run(run))
+    run_dir = locate_run(run)
+    result = run_status(run_dir)
+    if watch and not as_json:
+        print_status(result)
+        raise typer.Exit(watch_progress(run_dir, result.spec))
     mon = monitor(result.spec)
     gpu = gpu_usage(result.spec) if gpus else None
     if as_json:
@@ -409,6 +415,32 @@ def status(
     print_monitor(mon)
     if gpu is not None:
         print_gpus(*gpu)
+
+
+def watch_progress(run_dir: Path, spec: Any, interval_s: float = 5.0) -> int:
+    """Print the progress line (and new hints) whenever the step changes, until no job of the run is live."""
+    import time
+
+    from rich.markup import escape
+
+    from hpc_grpo import runs
+    from hpc_grpo.monitor import bar, duration, monitor
+
+    last, hints = None, set()
+    while True:
+        mon = monitor(spec)
+        p = mon.progress
+        if p.step != last:
+            last = p.step
+            out.print(f"Progress: {escape(bar(p.step, p.total))}   {p.step_time_s or 0:.1f} s/step   "
+                      f"ETA {duration(p.eta_s)}   requeues {p.requeues}")
+            for hint in mon.hints:
+                if hint not in hints:
+                    hints.add(hint)
+                    out.print(f"[yellow]hint:[/] {escape(hint)}")
+        if not runs.live_jobs(run_dir):
+            return 0
+        time.sleep(interval_s)
 
 
 @app.command()

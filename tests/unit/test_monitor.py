@@ -173,3 +173,20 @@ def test_logs_follow_ends_with_the_job_and_node_is_checked(isolated, monkeypatch
     with pytest.raises(SystemExit) as exc:
         cli.main()
     assert exc.value.code == 2 and "nodes 0..0" in capsys.readouterr().err
+
+
+def test_status_watch_prints_progress_and_ends_without_a_live_job(isolated, monkeypatch, capsys) -> None:
+    import sys
+
+    from hpc_grpo import cli
+    from hpc_grpo.render import render_all, write_files
+
+    spec = trl_spec(isolated)
+    write_files(spec.path, render_all(spec))
+    write_metrics(spec, [{"step": s, "reward": 0.1, "time": 10.0 + 2 * s} for s in range(1, 4)])
+    monkeypatch.setattr(sys, "argv", ["hpc-grpo", "status", str(spec.path), "--watch"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    text = capsys.readouterr().out
+    assert exc.value.code == 0
+    assert text.count("Progress: [") == 1 and "3/24 12%   2.0 s/step   ETA 0:00:42" in text
