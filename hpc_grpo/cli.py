@@ -86,10 +86,13 @@ def parse_args(args: list[str] | None) -> tuple[str, str | None, list[str]]:
 
 
 def _resolve(args: list[str] | None, name: str | None):
+    from hpc_grpo.clusterpick import choose_cluster
     from hpc_grpo.resolve import resolve_spec
 
     recipe, cluster, overrides = parse_args(args)
-    return resolve_spec(recipe, cluster, overrides, run_name=name)
+    choice = choose_cluster(cluster)
+    err.print(f"cluster: {choice.name} ({choice.why})")
+    return resolve_spec(recipe, choice.name, overrides, run_name=name)
 
 
 # ------------------------------------------------------------------------------------- printing
@@ -370,19 +373,141 @@ def print_status(status: Any) -> None:
         out.print(f"log: {log}")
 
 
+def print_monitor(mon: Any) -> None:
+    from rich.markup import escape  # the bar's [###---] would read as a markup tag
+
+    from hpc_grpo.monitor import bar, duration
+
+    p = mon.progress
+    total = f"~{p.total}" if p.total and p.total_estimated else p.total
+    out.print(f"Progress: {escape(bar(p.step, p.total))}   {p.step_time_s or 0:.1f} s/step   ETA {duration(p.eta_s)}   "
+              f"requeues {p.requeues}" + (f"   (total {total}, estimated from the data)" if p.total_estimated else ""))
+    if mon.latest:
+        names = ("reward", "kl", "grad_norm", "response_length")
+        out.print("Latest (step {}): ".format(mon.latest.get("step")) + "   ".join(
+            f"{k} {mon.latest[k]:.4g}" if isinstance(mon.latest.get(k), float) else f"{k} -" for k in names))
+    out.print(f"[dim]metrics from {mon.source}[/]")
+    for hint in mon.hints:
+        out.print(f"[yellow]hint:[/] {escape(hint)}")
+
+
+def print_gpus(job: str, rows: list[Any]) -> None:
+    from hpc_grpo.monitor import gpu_hints
+
+    t = Table(title=f"GPUs of job {job} (nvidia-smi on every node, srun --overlap)")
+    for col in ("node", "GPU", "name", "util %", "memory used MiB", "of MiB"):
+        t.add_column(col, justify="right" if col not in ("node", "name") else "left")
+    for g in rows:
+        t.add_row(g.node, str(g.index), g.name, f"{g.util_pct:.0f}", f"{g.mem_used_mib:.0f}", f"{g.mem_total_mib:.0f}")
+    out.print(t)
+    for hint in gpu_hints(rows):
+        out.print(f"[yellow]hint:[/] {hint}")
+
+
 @app.command()
 def status(
     run: Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")] = None,
     as_json: JsonT = False,
+    gpus: Annotated[bool, typer.Option("--gpus", help="nvidia-smi on every node of the running job")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="then print the progress line at each new step while a "
+                                        "job of the run is live")] = False,
 ) -> None:
-    """Show a run: its job chain with live Slurm state, last step, newest checkpoint, time used, logs."""
+    """Show a run: job chain with live Slurm state, progress, latest metrics and health hints, checkpoints, logs."""
+    from hpc_grpo.monitor import gpu_usage, monitor
     from hpc_grpo.status import locate_run, run_status
 
-    result = run_status(locate_run(run))
-    if as_json:
-        print_json(result.as_dict())
-    else:
+    run_dir = locate_run(run)
+    result = run_status(run_dir)
+    if watch and not as_json:
         print_status(result)
+        raise typer.Exit(watch_progress(run_dir, result.spec))
+    mon = monitor(result.spec)
+    gpu = gpu_usage(result.spec) if gpus else None
+    if as_json:
+        data = {**result.as_dict(), "monitor": mon.as_dict()}
+        if gpu is not None:
+            from dataclasses import asdict
+
+            data["gpus"] = {"job": gpu[0], "rows": [asdict(g) for g in gpu[1]]}
+        print_json(data)
+        return
+    print_status(result)
+    print_monitor(mon)
+    if gpu is not None:
+        print_gpus(*gpu)
+
+
+def watch_progress(run_dir: Path, spec: Any, interval_s: float = 5.0) -> int:
+    """Print the progress line (and new hints) whenever the step changes, until no job of the run is live."""
+    import time
+
+    from rich.markup import escape
+
+    from hpc_grpo import runs
+    from hpc_grpo.monitor import bar, duration, monitor
+
+    last, hints = None, set()
+    while True:
+        mon = monitor(spec)
+        p = mon.progress
+        if p.step != last:
+            last = p.step
+            out.print(f"Progress: {escape(bar(p.step, p.total))}   {p.step_time_s or 0:.1f} s/step   "
+                      f"ETA {duration(p.eta_s)}   requeues {p.requeues}")
+            for hint in mon.hints:
+                if hint not in hints:
+                    hints.add(hint)
+                    out.print(f"[yellow]hint:[/] {escape(hint)}")
+        if not runs.live_jobs(run_dir):
+            return 0
+        time.sleep(interval_s)
+
+
+@app.command()
+def logs(
+    run: Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")] = None,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing while the job runs")] = False,
+    node: Annotated[int, typer.Option("--node", help="node index of the job (0: the driver's node)")] = 0,
+    stderr: Annotated[bool, typer.Option("--err", help="the node's stderr log instead of stdout")] = False,
+    job: Annotated[Optional[str], typer.Option("--job", help="job id (default: the run's newest job)")] = None,
+) -> None:
+    """Show or follow the driver's log, or one node's log, of a run's job."""
+    import time
+
+    from hpc_grpo import runs
+    from hpc_grpo.monitor import log_path, newest_job
+    from hpc_grpo.resolve import load_frozen
+    from hpc_grpo.status import locate_run
+
+    run_dir = locate_run(run)
+    spec = load_frozen(run_dir / runs.SPEC)
+    job = job or newest_job(run_dir)
+    if job is None:
+        raise SpecError(f"run {run_dir.name} has no job yet", key="run")
+    if node < 0 or node >= spec.recipe.resources.nodes:
+        raise SpecError(f"--node {node}: the run has nodes 0..{spec.recipe.resources.nodes - 1}", key="--node")
+    path = log_path(spec, job, node, stderr)
+    err.print(f"log: {path}")
+    pos, next_check = 0, 0.0
+    while True:
+        if path.is_file():
+            with open(path, errors="replace") as handle:
+                handle.seek(pos)
+                chunk = handle.read()
+                pos = handle.tell()
+            if chunk:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+        if not follow:
+            break
+        if time.monotonic() >= next_check:
+            if job not in runs.live_jobs(run_dir):
+                follow = False  # one more read picks up the last lines
+                continue
+            next_check = time.monotonic() + 5
+        time.sleep(1.0)
+    if pos == 0 and not path.is_file():
+        err.print("(no log yet: the job has not started)")
 
 
 @app.command("runs")

@@ -381,12 +381,7 @@ def check_environment(spec: RunSpec, for_submit: bool) -> list[Finding]:
             make = error if for_submit else warning
             out.append(make("logging.logger", "W&B is on but no credentials were found (WANDB_API_KEY or ~/.netrc): "
                             "the job would fail minutes in", "run `wandb login`, export WANDB_MODE=offline, or drop wandb"))
-    for key in ("train_files", "val_files"):
-        path = getattr(r.data, key)
-        if path.startswith("/") and not Path(path).exists():
-            make = error if (for_submit and spec.cluster.scheduler == "local") else warning
-            out.append(make(f"data.{key}", f"{path} does not exist here", "run `hpc-grpo data gsm8k` or fix the path"))
-    return out
+    return out  # data files, model, runs root and Slurm: preflight.py
 
 
 # ----------------------------------------------------------------------------------------- plan
@@ -404,11 +399,13 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Pl
         lambda: check_resources(spec, lay),
         lambda: check_layout(spec, lay, shape),
         lambda: check_batches(spec, lay),
-        lambda: check_disk(spec, shape),
         lambda: check_environment(spec, for_submit),
     ]
     for check in checks:
         plan.findings.extend(check())
+    from hpc_grpo.preflight import run_preflight  # the runs root's room (check_disk's job) is checked there
+
+    plan.findings = run_preflight(spec, shape, plan.findings, for_submit)
     mem, plan.memory = check_memory(spec, lay, shape)
     plan.findings.extend(mem)
     plan.findings.extend(check_rollout(spec, shape, plan.memory))

@@ -14,6 +14,8 @@ Environment: clients find the cluster through SLURM_CONF when it is not the syst
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import shutil
 import subprocess
@@ -25,8 +27,17 @@ __all__ = [
     "PartitionLimits",
     "SlurmError",
     "available",
+    "NodeShape",
+    "associations",
     "batch_script",
     "cancel",
+    "cluster_name",
+    "gpu_query",
+    "parse_assoc",
+    "parse_config_value",
+    "parse_node_shapes",
+    "partition_nodes",
+    "test_only",
     "is_live",
     "job_states",
     "normalize_state",
@@ -63,6 +74,17 @@ class PartitionLimits:
     mem_per_node_mb: int
     max_time_min: int | None  # None: no limit
     gpu_type: str | None = None  # e.g. "a100" when gres names a type, else None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeShape:
+    """One node of a partition as sinfo -N reports it: what a single job step can get there."""
+
+    name: str
+    cpus: int
+    gpus: int
+    mem_mb: int
+    gpu_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +149,12 @@ def _run(args: list[str], timeout: float = 20) -> str:
     return _run_full(args, timeout)[0]
 
 
-def _run_full(args: list[str], timeout: float = 20) -> tuple[str, str]:
+def _run_full(args: list[str], timeout: float = 20, stdin_text: str | None = None) -> tuple[str, str]:
     """_run that also returns stderr, for commands that report errors with exit status 0 (scontrol write)."""
     try:
         proc = subprocess.run(
-            args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+            args, capture_output=True, text=True, timeout=timeout, check=False,
+            **({"input": stdin_text} if stdin_text is not None else {"stdin": subprocess.DEVNULL}),
         )
     except FileNotFoundError as e:
         raise SlurmError(args, f"{args[0]} not found on PATH (is Slurm installed here?)") from e
@@ -424,3 +447,105 @@ def cancel(job_id: str, signal: str | None = None) -> None:
         args.append(f"--signal={signal}")
     args.append(jid)
     _run(args)
+
+
+# ------------------------------------------------------------------------------------------------------ preflight
+_NODES_FORMAT = "%N|%c|%G|%m"
+
+
+def parse_node_shapes(text: str) -> list[NodeShape]:
+    """NodeShape per node from `sinfo -N -h -o '%N|%c|%G|%m'` (a node listed twice, in two partitions, once)."""
+    out: dict[str, NodeShape] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = [x.strip() for x in line.split("|")]
+        if len(f) < 4:
+            raise ValueError(f"unexpected sinfo -N line: {line!r}")
+        gpus, gtype = parse_gres_gpus(f[2])
+        out.setdefault(f[0], NodeShape(f[0], _leading_int(f[1]), gpus, _leading_int(f[3]), gtype))
+    return list(out.values())
+
+
+def partition_nodes(partition: str | None) -> list[NodeShape]:
+    """Every node of a partition (None: the default one) with its CPUs, GPUs (GRES) and memory."""
+    name = partition or partition_limits(None).name
+    args = ["sinfo", "-N", "--noheader", "-p", name, "-o", _NODES_FORMAT]
+    return parse_node_shapes(_run(args))
+
+
+def parse_config_value(text: str, key: str) -> str | None:
+    """One value from `scontrol show config` output ("ClusterName             = hpcgrpo-dev")."""
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip().lower() == key.lower():
+            return value.strip() or None
+    return None
+
+
+def cluster_name() -> str | None:
+    """The ClusterName of the Slurm this machine's clients talk to (SLURM_CONF or the system one); None if none.
+
+    Asked once per process and SLURM_CONF value: cluster choice and plan's preflight both want it.
+    """
+    return _cluster_name(os.environ.get("SLURM_CONF", ""))
+
+
+@functools.lru_cache(maxsize=4)
+def _cluster_name(_conf: str) -> str | None:
+    if shutil.which("scontrol") is None:
+        return None
+    try:
+        return parse_config_value(_run(["scontrol", "show", "config"], timeout=10), "ClusterName")
+    except SlurmError:
+        return None
+
+
+def parse_assoc(text: str) -> list[tuple[str, list[str]]]:
+    """(account, [qos, ...]) per association from `sacctmgr -nP show assoc ... format=Account,QOS`."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        account, _, qos = line.partition("|")
+        out.append((account.strip(), [q.strip() for q in qos.split(",") if q.strip()]))
+    return out
+
+
+def associations(user: str, cluster: str | None = None) -> list[tuple[str, list[str]]] | None:
+    """The accounts and QOS the user may submit with; None when accounting cannot be asked (no slurmdbd)."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", user):
+        raise ValueError(f"not a user name: {user!r}")
+    args = ["sacctmgr", "--noheader", "--parsable2", "show", "assoc", "where", f"user={user}"]
+    if cluster:
+        args.append(f"cluster={cluster}")
+    args.append("format=Account,QOS")
+    try:
+        return parse_assoc(_run(args, timeout=20))
+    except SlurmError:
+        return None
+
+
+def test_only(script: str) -> str:
+    """`sbatch --test-only` on a batch script: Slurm's own answer whether and where it could start. Queues nothing.
+
+    Returns sbatch's message ("Job 12 to start at ... on nodes node1"); raises SlurmError with Slurm's reason
+    ("Requested node configuration is not available") for a request no node can ever satisfy.
+    """
+    out, err = _run_full(["sbatch", "--test-only"], timeout=30, stdin_text=script)
+    return (err or out).strip()
+
+
+def gpu_query(job_id: str, fields: str, nodes: int, timeout: float = 60) -> str:
+    """`nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits` on every node of a running job.
+
+    One task per node through `srun --overlap --jobid`: it shares the job's allocation (no new resources, no
+    queueing) and sees the job's GPUs. Each output line is prefixed with the Slurm node name.
+    """
+    (jid,) = _check_ids([job_id])
+    if not re.fullmatch(r"[a-z_.,]+", fields):
+        raise ValueError(f"not nvidia-smi query fields: {fields!r}")
+    cmd = f"nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits | sed \"s/^/$SLURMD_NODENAME, /\""
+    args = ["srun", "--overlap", f"--jobid={jid}", f"--nodes={int(nodes)}", f"--ntasks={int(nodes)}",
+            "--ntasks-per-node=1", "bash", "-c", cmd]
+    return _run(args, timeout=timeout)

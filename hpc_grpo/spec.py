@@ -351,6 +351,9 @@ class Cluster(Strict):
     signal_delay_s: int = Field(default=120, ge=0)
     requeue: bool = True
     runs_root: str = "~/hpc-grpo-runs"
+    shared_paths: list[str] = Field(default_factory=list, description="folders every node sees (checked for nodes > 1)")
+    offline: bool = Field(default=False, description="compute nodes cannot reach the Hugging Face Hub")
+    slurm_cluster_name: str | None = Field(default=None, description="Slurm's ClusterName: picks this profile")
     setup: Setup = Field(default_factory=Setup)
     env: dict[str, str] = {}
 
@@ -382,6 +385,15 @@ class Cluster(Strict):
     @property
     def time_max_min(self) -> int:
         return parse_time_minutes(self.time_max)
+
+    def shared_path_list(self) -> list[Path]:
+        """shared_paths with ~ and $VARS expanded (an unset variable leaves the entry out: it cannot match)."""
+        out = []
+        for item in self.shared_paths:
+            expanded = _expand(item)
+            if "$" not in expanded:
+                out.append(Path(expanded).absolute())
+        return out
 
     def runs_root_path(self) -> Path:
         """runs_root with ~ and $VARS expanded; an unset variable is an error, not a literal '$'."""

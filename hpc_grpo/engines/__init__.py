@@ -51,3 +51,13 @@ def get_engine(name: str) -> Engine:
 
         return TrlEngine()
     raise ValueError(f"unknown engine {name!r}: use verl or trl")
+
+
+# The columns each engine's data loader reads from the train and val files; each inner tuple lists alternatives
+# (any one suffices). verl: RLHFDataset's prompt_key plus what its reward manager reads (data_source picks the
+# scorer, reward_model.ground_truth is the answer). trl: the job's loader (job/trl_job.py) takes `ground_truth`,
+# or derives it from verl's `reward_model`.
+DATA_COLUMNS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "verl": (("prompt",), ("data_source",), ("reward_model",)),
+    "trl": (("prompt",), ("ground_truth", "reward_model")),
+}

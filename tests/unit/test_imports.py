@@ -49,3 +49,21 @@ def test_status_and_runs_import_nothing_heavy(tmp_path) -> None:
         mods = loaded(*argv)
         assert "hpc_grpo" in mods, argv
         assert not mods & set(HEAVY), (argv, mods & set(HEAVY))
+
+
+def test_status_with_monitor_and_logs_import_nothing_heavy(tmp_path) -> None:
+    """status (with its progress and hints) and logs read a real run directory without the training stack."""
+    from hpc_grpo.resolve import resolve_spec
+    from hpc_grpo.render import render_all, write_files
+    from hpc_grpo import runs
+
+    spec = resolve_spec("tiny-gsm8k", "local", [f"cluster.runs_root={tmp_path}"], run_name="r")
+    write_files(spec.path, render_all(spec))
+    (spec.path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.1, "kl": 0.0, "time": 1.0}\n')
+    runs.append_history(spec.path, "99999999", "train", "local")
+    (spec.path / "submitit").mkdir(exist_ok=True)
+    (spec.path / "submitit" / "99999999_0_log.out").write_text("hello from the driver\n")
+    for argv in (("status", str(spec.path)), ("logs", str(spec.path)), ("plan", "recipe=tiny-gsm8k", "cluster=slurm-dev")):
+        mods = loaded(*argv)
+        assert "hpc_grpo" in mods, argv
+        assert not mods & set(HEAVY), (argv, mods & set(HEAVY))
