@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hpc_grpo.findings import Finding, Severity, error, info, warning
 from hpc_grpo.models import ModelShape
+from hpc_grpo.plan import checkpoint_gib as plan_checkpoint_gib
 from hpc_grpo.spec import RunSpec
 
 Make = Callable[[str, str, str], Finding]
@@ -149,20 +150,6 @@ def check_data(spec: RunSpec, make: Make) -> list[Finding]:
 
 
 # -------------------------------------------------------------------------------------------------- runs root
-def checkpoint_gib(spec: RunSpec, shape: ModelShape | None) -> float | None:
-    """One checkpoint's size. The one sizing function: hpc_grpo.ckpt_size when it exists (issue 8's), else
-    plan's estimate (bf16 weights + fp32 Adam, adapter only with LoRA)."""
-    try:
-        from hpc_grpo import ckpt_size  # type: ignore[attr-defined]
-    except ImportError:
-        ckpt_size = None
-    if ckpt_size is not None and hasattr(ckpt_size, "checkpoint_gib"):
-        return ckpt_size.checkpoint_gib(spec, shape)
-    from hpc_grpo.plan import checkpoint_gib as estimate
-
-    return estimate(spec, shape)
-
-
 def _under(path: Path, roots: list[Path]) -> Path | None:
     return next((r for r in roots if path == r or r in path.parents), None)
 
@@ -187,7 +174,7 @@ def check_runs_root(spec: RunSpec, shape: ModelShape | None, make: Make) -> list
     if not os.access(existing, os.W_OK | os.X_OK):
         verb = "is not writable" if existing == root else f"cannot be created ({existing} is not writable)"
         return [make("cluster.runs_root", f"runs root {root} {verb}", "set cluster.runs_root to a folder you can write")]
-    size = checkpoint_gib(spec, shape)
+    size = plan_checkpoint_gib(spec, shape)
     need = r.checkpoint.disk_gb or (size * (r.checkpoint.keep + 1) if size is not None else None)
     if need is not None:
         free = shutil.disk_usage(existing).free / 2**30
