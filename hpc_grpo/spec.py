@@ -248,7 +248,8 @@ class Eval(Strict):
 
 
 class Launch(Strict):
-    """Replace the engine's driver command (a probe in tests, a custom entry point)."""
+    """Replace the engine's driver command (a probe in tests, a custom entry point). A leading `python3` or `python`
+    means the job's interpreter (RunSpec.python), as every other in-job step runs it."""
 
     driver: list[str] | None = None
     ray_join_timeout_s: int = Field(default=180, gt=0)

@@ -37,7 +37,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv-verl"
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
-DEADLINE_S = 420.0  # about 60-90 s per job on 2 idle cores; a loaded shared machine takes several times that
+QUEUE_DEADLINE_S = 900.0  # the shared 4-node cluster may be busy with other jobs before this one starts
+DEADLINE_S = 480.0  # from the job's start: 2-4 min to the GPU step on 2 cores under load (~1.5 min when quiet)
 
 STUB = '''"""STAND-IN for vLLM (no CPU build exists): the two vLLM imports verl 0.9.1's start-up needs, written by
 tests/slurm/test_verl_main_ppo.py. Registered before verl is imported, so verl's real modules (which import vllm)
@@ -167,13 +168,16 @@ def test_main_ppo_reaches_the_gpu_step_in_a_2_node_job(backend: str,
     launch = (run_dir / "scripts" / "launch.sh").read_text()
     assert "\n".join(f"    {a}" for a in argv[1:]) in launch.replace("'", "")
 
-    text, state = "", None
+    text, state, started = "", None, None
     try:
-        end = time.monotonic() + DEADLINE_S
+        end = time.monotonic() + QUEUE_DEADLINE_S
         while time.monotonic() < end:
             text = job_text(run_dir, job_id)
             info = slurm.job_states([job_id]).get(job_id)
             state = info.state if info else None
+            if started is None and state not in (None, "PENDING"):
+                started = time.monotonic()
+                end = started + DEADLINE_S
             if GPU_STEP.search(text) or (info is not None and not info.live):
                 break
             time.sleep(2)
@@ -194,4 +198,5 @@ def test_main_ppo_reaches_the_gpu_step_in_a_2_node_job(backend: str,
         assert shown in text, shown
     # verl's own output reaches the job log (Ray's log monitor is on): the TaskRunner actor's lines are there.
     assert "(TaskRunner" in text
-    print(f"\nmain_ppo {backend}: job {job_id} reached the GPU step {took:.0f}s after submit")
+    ran = time.monotonic() - started if started else float("nan")
+    print(f"\nmain_ppo {backend}: job {job_id} reached the GPU step {took:.0f}s after submit, {ran:.0f}s after its start")
