@@ -21,11 +21,13 @@ torch_pin="torch==2.13.0"
 verl_pins=("$torch_pin" "packaging<26")
 
 stamp="$venv/.hpc-grpo-setup"
+# Found without importing them (importing verl and megatron costs 10+ s on a busy machine).
+find_all='import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ("verl", "transfer_queue", "megatron.core", "ray", "hpc_grpo")))'
 want_stamp=""
 if [ "$mode" = verl ]; then
   want_stamp="$(printf '%s\n' "${verl_pins[@]}" | cat - "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
   if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want_stamp" ] \
-     && "$venv/bin/python" -c 'import verl, transfer_queue, megatron.core, ray, hpc_grpo' 2>/dev/null; then
+     && "$venv/bin/python" -c "$find_all" 2>/dev/null; then
     echo "hpc-grpo: $venv is complete (verl 0.9.1); nothing to do"
     exit 0
   fi
