@@ -162,6 +162,11 @@ def ray_cpus_per_node(spec: RunSpec) -> int:
     return max(slurm_cpus, verl_cpus)
 
 
+# Never for a driver joining an existing Ray cluster ("When connecting to an existing cluster, num_cpus and num_gpus
+# must not be provided"): hpc-grpo's driver always does.
+DRIVER_RAY_COUNTS = ("ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus")
+
+
 class VerlEngine:
     name = "verl"
     launch_template = "verl_ray_launch.sh.j2"
@@ -194,6 +199,12 @@ class VerlEngine:
                 findings.append(error(pkey, f"'{bare_key(key)}' does not exist in verl.", f"use {real}"))
             elif not KEY_RE.match(key):
                 findings.append(error(pkey, "is not a valid Hydra key", "use dotted names of letters, digits and '_'"))
+            elif bare_key(key) in DRIVER_RAY_COUNTS:
+                findings.append(error(
+                    pkey, "the driver joins the job's Ray cluster (RAY_ADDRESS), and Ray refuses num_cpus/num_gpus "
+                    "from a driver that connects to an existing cluster: main_ppo would die in ray.init",
+                    "drop it; set resources.cpus_per_task (each node's `ray start --num-cpus` is raised to what "
+                    "verl reserves)"))
             elif bare_key(key) in owned:
                 src = owned[bare_key(key)]
                 findings.append(

@@ -20,6 +20,7 @@ import pytest
 from hpc_grpo import registry
 from hpc_grpo.engines import get_engine
 from hpc_grpo.engines.verl import CPUS_PER_GPU_BUNDLE, ray_cpus_per_node
+from hpc_grpo.findings import Severity
 from hpc_grpo.render import render_all
 from hpc_grpo.resolve import job_python, load_frozen, resolve_spec
 from hpc_grpo.spec import Setup
@@ -47,6 +48,14 @@ def test_driver_gets_no_ray_cpu_count(recipe: str) -> None:
     assert not [o for o in cmd.overrides if "ray_init.num_cpus" in o or "ray_init.num_gpus" in o], cmd.overrides
     launch = render_all(spec)["scripts/launch.sh"]
     assert "ray_init.num_cpus" not in launch
+
+
+@pytest.mark.parametrize("key", ["ray_kwargs.ray_init.num_cpus", "++ray_kwargs.ray_init.num_gpus"])
+def test_passthrough_ray_counts_for_the_driver_are_refused(key: str) -> None:
+    spec = spec_of("qwen2.5-3b-gsm8k-lora", "slurm-dev", f"{key}=4")
+    errs = {f.key: str(f) for f in get_engine("verl").check(spec) if f.severity is Severity.ERROR}
+    assert f"passthrough.{key}" in errs, errs
+    assert "existing cluster" in errs[f"passthrough.{key}"] and "resources.cpus_per_task" in errs[f"passthrough.{key}"]
 
 
 @pytest.mark.parametrize("cluster", ["slurm-dev", "a100-ib"])
