@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -100,9 +99,9 @@ def submitit_dir(spec: RunSpec) -> Path:
     return spec.path / "submitit"
 
 
-def submitit_command(folder: Path) -> str:
-    """The command submitit puts on the srun line (SlurmExecutor._submitit_command_str)."""
-    return " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+def submitit_command(folder: Path, python: str) -> str:
+    """The command submitit puts on the srun line (SlurmExecutor._submitit_command_str, with python=spec.python)."""
+    return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
 
 
 def recreate_argv(spec: RunSpec) -> list[str]:
@@ -170,17 +169,28 @@ def common_context(spec: RunSpec) -> dict[str, Any]:
     }
 
 
+PYTHON_WORDS = ("python", "python3")
+
+
+def job_driver(spec: RunSpec, argv: list[str]) -> list[str]:
+    """A driver given as `python3 -m ...` (launch.driver) runs the job's interpreter, like every other step."""
+    if argv and argv[0] in PYTHON_WORDS:
+        return [spec.python, *argv[1:]]
+    return list(argv)
+
+
 def launch_context(spec: RunSpec) -> dict[str, Any]:
     engine = get_engine(spec.recipe.engine)
     cmd = engine.command(spec)
-    driver = spec.recipe.launch.driver or cmd.argv
+    driver = job_driver(spec, spec.recipe.launch.driver or cmd.argv)
     r = spec.recipe
     return {
+        "python": spec.python,
         "driver": driver,
         "driver_env": cmd.env,
         "nodes": r.resources.nodes,
         "gpus_per_node": spec.gpus_per_node,
-        "cpus_per_node": r.resources.cpus_per_task or spec.cluster.cpus_per_node,
+        "ray_cpus": cmd.ray_cpus,
         "join_timeout_s": r.launch.ray_join_timeout_s,
         "ray_dir": f"{spec.run_dir}/ray",
     }
@@ -188,7 +198,7 @@ def launch_context(spec: RunSpec) -> dict[str, Any]:
 
 def render_sbatch(spec: RunSpec, command: str | None = None) -> str:
     """The batch script Slurm receives. `command` is submitit's; render time computes the same one."""
-    command = command or submitit_command(submitit_dir(spec))
+    command = command or submitit_command(submitit_dir(spec), spec.python)
     tmpl = environment().get_template("sbatch.sh.j2")
     return tmpl.render(**common_context(spec), **sbatch_context(spec, command))
 

@@ -7,6 +7,7 @@ command line gets the same "did you mean" error as one in a file.
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 
 from hpc_grpo import __version__, registry
 from hpc_grpo.engines.verl_keys import is_engine_key, real_key_for
-from hpc_grpo.spec import Cluster, Recipe, RunSpec, check_name, default_run_name, validation_error
+from hpc_grpo.spec import Cluster, Recipe, RunSpec, Setup, check_name, default_run_name, validation_error
 from hpc_grpo.yamlio import SpecError, load_yaml_file, parse_scalar
 
 DEFAULT_CLUSTER = "local"
@@ -152,8 +153,25 @@ def resolve_spec(
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
         recipe=recipe_model,
         cluster=cluster_model,
+        python=job_python(cluster_model.setup),
         overrides=overrides,
     )
+
+
+def job_python(setup: Setup) -> str:
+    """The interpreter a job runs, decided once and frozen in spec.yaml.
+
+    A compute node's PATH may hold another python3 than the one that submitted (pipx, a venv not activated there):
+    `setup.python`, else the profile's venv, else python3 of its conda env or container (activated before any step),
+    else the submitting interpreter, which must then be reachable at the same path on the compute nodes.
+    """
+    if setup.python:
+        return setup.python
+    if setup.venv:
+        return f"{setup.venv}/bin/python"
+    if setup.conda or setup.container:
+        return "python3"
+    return sys.executable
 
 
 def load_frozen(path: Path) -> RunSpec:

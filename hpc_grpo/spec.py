@@ -267,7 +267,8 @@ class Eval(Strict):
 
 
 class Launch(Strict):
-    """Replace the engine's driver command (a probe in tests, a custom entry point)."""
+    """Replace the engine's driver command (a probe in tests, a custom entry point). A leading `python3` or `python`
+    means the job's interpreter (RunSpec.python), as every other in-job step runs it."""
 
     driver: list[str] | None = None
     ray_join_timeout_s: int = Field(default=180, gt=0)
@@ -325,8 +326,11 @@ class Setup(Strict):
     venv: str | None = None
     conda: str | None = None
     container: str | None = None
+    # The interpreter every in-job step runs (submitit's task, Ray's CLI, the drivers). Unset: <venv>/bin/python,
+    # else python3 of the conda env / container, else the interpreter that submitted (hpc_grpo.resolve.job_python).
+    python: str | None = None
 
-    _expand = field_validator("venv", "conda")(
+    _expand = field_validator("venv", "conda", "python")(
         classmethod(lambda cls, v: None if v is None else expand_path(v))
     )
 
@@ -420,6 +424,8 @@ class RunSpec(Strict):
     created: str
     recipe: Recipe
     cluster: Cluster
+    # Frozen at render/submit time: one interpreter for every in-job step, on every node and restart.
+    python: str
     overrides: list[str] = []
 
     @property

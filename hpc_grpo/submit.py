@@ -8,6 +8,7 @@ requeues it on timeout or preemption; resume itself comes from the checkpoints o
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +58,8 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
     """submitit's SlurmExecutor, with the batch script rendered from templates/sbatch.sh.j2."""
 
     def __init__(self, spec: RunSpec) -> None:
-        super().__init__(folder=render.submitit_dir(spec), max_num_timeout=20)
+        # python: the frozen interpreter, so the srun line runs the same one as every other in-job step.
+        super().__init__(folder=render.submitit_dir(spec), max_num_timeout=20, python=shlex.quote(spec.python))
         self.spec = spec
         self.last_script = ""
 
@@ -125,7 +127,7 @@ def _submit_slurm(spec: RunSpec, purpose: str) -> Submission:
     executor = TemplateSlurmExecutor(spec)
     executor.update_parameters(**slurm_parameters(spec))
     job = executor.submit(TrainJob(spec.run_dir))
-    # Same text Slurm received; equal to the rendered one whenever the interpreter is the same.
+    # Same text Slurm received; equal to the rendered one.
     (spec.path / "scripts" / "sbatch.sh").write_text(executor.last_script)
     runs.append_history(spec.path, job.job_id, purpose, "slurm")
     log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
@@ -133,7 +135,7 @@ def _submit_slurm(spec: RunSpec, purpose: str) -> Submission:
 
 
 def _submit_local(spec: RunSpec, purpose: str) -> Submission:
-    executor = submitit.LocalExecutor(folder=render.submitit_dir(spec))
+    executor = submitit.LocalExecutor(folder=render.submitit_dir(spec), python=shlex.quote(spec.python))
     executor.update_parameters(timeout_min=spec.recipe.resources.time_min, nodes=1, tasks_per_node=1,
                                gpus_per_node=spec.gpus_per_node)
     job = executor.submit(TrainJob(spec.run_dir))

@@ -7,6 +7,8 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 bash tools/setup-env.sh dev
+# The full verl stack for tests/slurm/test_verl_main_ppo.py (verl's own main_ppo in a real job); skipped when complete.
+bash tools/setup-env.sh verl
 
 if ! command -v shellcheck >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "hpc-grpo: installing shellcheck"

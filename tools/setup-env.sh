@@ -1,13 +1,38 @@
 #!/usr/bin/env bash
-# Create (or update) the project's virtual environment in .venv. Idempotent.
-#   bash tools/setup-env.sh          # the local engine: torch, transformers, peft, trl (CPU or one GPU node)
-#   bash tools/setup-env.sh dev      # + test tools, ray, and verl's config files for schema checks
+# Create (or update) one of the project's virtual environments. Idempotent.
+#   bash tools/setup-env.sh          # .venv: the local engine: torch, transformers, peft, trl (CPU or one GPU node)
+#   bash tools/setup-env.sh dev      # .venv + test tools, ray, and verl's config files for schema checks
+#   bash tools/setup-env.sh verl     # .venv-verl: the full verl 0.9.1 trainer stack (hpc-grpo[train-verl]), no vLLM;
+#                                    # skipped when already complete (a stamp of the pins and pyproject.toml)
 # On a machine without an NVIDIA GPU, torch 2.13.0's CPU build is installed first: anything that asks for plain
-# `torch` otherwise downloads a CUDA build of several GB.
+# `torch` otherwise downloads a CUDA build of several GB. HPC_GRPO_VENV picks another folder.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-venv="${HPC_GRPO_VENV:-$root/.venv}"
+mode="${1:-}"
+if [ "$mode" = verl ]; then
+  venv="${HPC_GRPO_VENV:-$root/.venv-verl}"
+else
+  venv="${HPC_GRPO_VENV:-$root/.venv}"
+fi
 python="${PYTHON:-python3}"
+torch_pin="torch==2.13.0"
+# verl 0.9.1 caps transformers below 5.11, which cannot share a venv with trl 1.16: verl gets its own venv.
+# packaging<26: without it pip backtracks through dozens of releases of verl's dependencies.
+verl_pins=("$torch_pin" "packaging<26")
+
+stamp="$venv/.hpc-grpo-setup"
+# Found without importing them (importing verl and megatron costs 10+ s on a busy machine).
+find_all='import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ("verl", "transfer_queue", "megatron.core", "ray", "hpc_grpo")))'
+want_stamp=""
+if [ "$mode" = verl ]; then
+  want_stamp="$(printf '%s\n' "${verl_pins[@]}" | cat - "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+  if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want_stamp" ] \
+     && "$venv/bin/python" -c "$find_all" 2>/dev/null; then
+    echo "hpc-grpo: $venv is complete (verl 0.9.1); nothing to do"
+    exit 0
+  fi
+  rm -f "$stamp"
+fi
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "hpc-grpo: creating $venv"
@@ -17,16 +42,27 @@ pip=("$venv/bin/python" -m pip install --disable-pip-version-check --progress-ba
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   echo "hpc-grpo: no NVIDIA GPU here: installing torch 2.13.0 (CPU build) first"
-  "${pip[@]}" "torch==2.13.0"
+  "${pip[@]}" "$torch_pin"
+fi
+
+if [ "$mode" = verl ]; then
+  constraints="$venv/hpc-grpo-constraints.txt"
+  printf '%s\n' "${verl_pins[@]}" > "$constraints"
+  echo "hpc-grpo: installing hpc-grpo[train-verl] (verl[verl-core]==0.9.1, megatron-core, ray[default]) into $venv"
+  "${pip[@]}" -c "$constraints" -e "${root}[train-verl]"
+  "$venv/bin/python" -c 'import verl, transfer_queue, megatron.core, ray, hpc_grpo'
+  echo "$want_stamp" > "$stamp"
+  echo "hpc-grpo: verl environment ready: $venv/bin/python"
+  exit 0
 fi
 
 extras="local"
-if [ "${1:-}" = "dev" ]; then
+if [ "$mode" = "dev" ]; then
   extras="local,dev,verl-schema"
 fi
 echo "hpc-grpo: installing hpc-grpo[$extras]"
 "${pip[@]}" -e "${root}[${extras}]"
-if [ "${1:-}" = "dev" ]; then
+if [ "$mode" = "dev" ]; then
   # verl's Hydra YAMLs for the schema check; --no-deps: the full verl pulls ray/vllm/CUDA and needs transformers < 5.11
   "${pip[@]}" --no-deps "verl==0.9.1"
   # verl's reward loader (verl.trainer.ppo.reward) imports verl.protocol, which needs tensordict: the test that

@@ -30,6 +30,8 @@ class EngineCommand:
     config_name: str = ""
     overrides: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    # Ray engines: the logical CPUs each node's `ray start --num-cpus` offers (0: no Ray).
+    ray_cpus: int = 0
 
 
 class Engine(Protocol):

@@ -24,7 +24,7 @@ from hpc_grpo.engines import EngineCommand, Override
 from hpc_grpo.findings import Finding, error, info, warning
 from hpc_grpo.spec import RunSpec
 
-ENTRY = ["python3", "-m", "hpc_grpo.job.trl_job"]
+ENTRY = ["-m", "hpc_grpo.job.trl_job"]  # after the job's interpreter (spec.python)
 
 # dataclasses.fields(trl.GRPOConfig) of trl 1.16.0 on transformers 5.24 (GRPOConfig inherits
 # TrainingArguments, so both versions shape it). Regenerate when either is upgraded:
@@ -211,7 +211,7 @@ class TrlEngine:
 
     def command(self, spec: RunSpec) -> EngineCommand:
         return EngineCommand(
-            argv=[*ENTRY, "--spec", f"{spec.run_dir}/spec.yaml"],
+            argv=[spec.python, *ENTRY, "--spec", f"{spec.run_dir}/spec.yaml"],
             env={"WANDB_RUN_ID": spec.run_name, "WANDB_RESUME": "allow"},
         )
 

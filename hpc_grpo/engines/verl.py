@@ -15,7 +15,7 @@ from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_key_
 from hpc_grpo.findings import Finding, error
 from hpc_grpo.spec import RunSpec
 
-ENTRY = ["python3", "-m", "verl.trainer.main_ppo"]
+ENTRY = ["-m", "verl.trainer.main_ppo"]  # after the job's interpreter (spec.python)
 # verl 0.9.1 loads reward.custom_reward_function (the top-level custom_reward_function is the legacy key)
 # with verl.utils.import_utils.load_extern_object, which imports pkg:// paths as installed modules.
 CODE_REWARD_PATH = "pkg://hpc_grpo.code_reward"
@@ -168,12 +168,43 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
         add(f"{crf}.name", CODE_REWARD_NAME, "grpo.reward")
         for key, value in r.grpo.code.model_dump().items():
             add(f"+{crf}.reward_kwargs.{key}", value, f"grpo.code.{key}")
-    cpus = spec.cluster.cpus_per_node if r.resources.cpus_per_task is None else r.resources.cpus_per_task
-    add("ray_kwargs.ray_init.num_cpus", cpus, "resources.cpus_per_task")
+    # No ray_kwargs.ray_init.num_cpus: the driver joins the job's Ray (RAY_ADDRESS), and Ray refuses CPU counts from
+    # a driver that connects to an existing cluster. Each node's `ray start --num-cpus` carries them (ray_cpus_per_node).
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     add(f"{env}.WANDB_RUN_ID", spec.run_name, "run name")
     add(f"{env}.WANDB_RESUME", "allow", "engine")
     return out
+
+
+# verl 0.9.1 (single_controller/ray/base.py): each GPU's placement-group bundle reserves max_colocate_count = 3 Ray CPUs,
+# and placement groups wait forever, without an error, until every bundle fits. Beside the bundles, with verl's
+# default config, these actors reserve one CPU each (main_ppo.py, transfer_queue, agent_loop_tq.py, reward_loop); Ray
+# places them on any node, so each node offers room for all of them.
+CPUS_PER_GPU_BUNDLE = 3
+CPU_ACTORS_BESIDE_BUNDLES = {
+    "TaskRunner": 1,
+    "TransferQueue controller": 1,
+    "TransferQueue storage units (transfer_queue.backend.SimpleStorage.num_data_storage_units)": 8,
+    "agent-loop workers (rollout.agent.num_workers)": 8,
+    "reward-loop workers (reward.num_workers)": 8,
+}
+
+
+def ray_cpus_per_node(spec: RunSpec) -> int:
+    """`ray start --num-cpus` per node: the CPUs Slurm gives the task, raised to what verl's actors reserve.
+
+    Ray's CPUs are a scheduling count, not a limit: offering more than the node's cores only lets verl's mostly
+    idle controller actors be placed (measured: with 4 CPUs per node a 2-node job waits forever at worker-group
+    creation).
+    """
+    slurm_cpus = spec.recipe.resources.cpus_per_task or spec.cluster.cpus_per_node
+    verl_cpus = CPUS_PER_GPU_BUNDLE * spec.gpus_per_node + sum(CPU_ACTORS_BESIDE_BUNDLES.values())
+    return max(slurm_cpus, verl_cpus)
+
+
+# Never for a driver joining an existing Ray cluster ("When connecting to an existing cluster, num_cpus and num_gpus
+# must not be provided"): hpc-grpo's driver always does.
+DRIVER_RAY_COUNTS = ("ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus")
 
 
 class VerlEngine:
@@ -185,10 +216,11 @@ class VerlEngine:
         overrides += [f"{k}={format_value(v)}" for k, v in spec.recipe.passthrough.items()]
         name = config_name(spec)
         return EngineCommand(
-            argv=[*ENTRY, "--config-name", name, *overrides],
+            argv=[spec.python, *ENTRY, "--config-name", name, *overrides],
             config_name=name,
             overrides=overrides,
             env={"WANDB_RUN_ID": spec.run_name, "WANDB_RESUME": "allow"},
+            ray_cpus=ray_cpus_per_node(spec),
         )
 
     def check(self, spec: RunSpec) -> list[Finding]:
@@ -207,6 +239,12 @@ class VerlEngine:
                 findings.append(error(pkey, f"'{bare_key(key)}' does not exist in verl.", f"use {real}"))
             elif not KEY_RE.match(key):
                 findings.append(error(pkey, "is not a valid Hydra key", "use dotted names of letters, digits and '_'"))
+            elif bare_key(key) in DRIVER_RAY_COUNTS:
+                findings.append(error(
+                    pkey, "the driver joins the job's Ray cluster (RAY_ADDRESS), and Ray refuses num_cpus/num_gpus "
+                    "from a driver that connects to an existing cluster: main_ppo would die in ray.init",
+                    "drop it; set resources.cpus_per_task (each node's `ray start --num-cpus` is raised to what "
+                    "verl reserves)"))
             elif bare_key(key) in owned:
                 src = owned[bare_key(key)]
                 findings.append(

@@ -140,7 +140,7 @@ def test_values_survive_the_shell_exactly(value: str) -> None:
         # (b) the passthrough value: one argv element of the driver, exactly the Hydra override hpc-grpo built
         argv = driver_argv(files["scripts/launch.sh"], cwd)
         assert argv.count("+trainer.foo=" + format_value(value)) == 1, argv
-        assert argv[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+        assert argv[:3] == [spec.python, "-m", "verl.trainer.main_ppo"]
 
         # The frozen spec reads back to the same values (its header comment holds the overrides).
         frozen = load_frozen(cwd / "run" / "spec.yaml")

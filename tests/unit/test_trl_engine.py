@@ -49,7 +49,7 @@ def test_command_and_registry(tmp_path: Path) -> None:
     engine = get_engine("trl")
     assert isinstance(engine, TrlEngine) and engine.name == "trl" and engine.launch_template == "trl_launch.sh.j2"
     cmd = engine.command(spec)
-    assert cmd.argv == ["python3", "-m", "hpc_grpo.job.trl_job", "--spec", f"{tmp_path}/t/spec.yaml"]
+    assert cmd.argv == [spec.python, "-m", "hpc_grpo.job.trl_job", "--spec", f"{tmp_path}/t/spec.yaml"]
     assert cmd.env == {"WANDB_RUN_ID": "t", "WANDB_RESUME": "allow"}
 
 

@@ -1,0 +1,202 @@
+"""verl's own `python -m verl.trainer.main_ppo`, with the exact overrides `render` wrote, in a real 2-node Slurm job.
+
+The test that would have caught issue 8's faults 1, 2 and 8 (and found three more): `hpc-grpo submit` for an FSDP
+recipe (qwen2.5-3b-gsm8k-lora) and a Megatron recipe (qwen2.5-7b-codegen), shrunk to the local cluster by overrides
+(2 nodes x 4 GPUs, small batches, the tiny model `hpc-grpo model tiny` builds, GSM8K as `hpc-grpo data gsm8k`
+writes it), and the job runs on `.venv-verl`'s interpreter through the cluster profile's setting
+(`cluster.setup.venv=<repo>/.venv-verl`), exactly as a user would. The job must get through the job's Ray head,
+verl's `validate_config`, `ray.init` against the job's cluster, Hydra composition (the printed config holds the
+rendered values), "Total training steps" and worker-group creation, and stop at the first step that needs a GPU
+(`init_model`: "Distributed package doesn't have NCCL built in"); not on a missing module, num_cpus, auth or a
+Python mismatch. The test then cancels its own job (nothing beyond that point can run without GPUs).
+
+STAND-IN (the only one): vLLM cannot be installed on a CPU machine, so the two imports of it verl's start-up needs,
+`verl.third_party.vllm` and `verl.workers.rollout.vllm_rollout.utils.get_vllm_max_lora_rank`, come from a tiny stub
+package (a sitecustomize.py) that this test writes into its temp dir and puts on the job's PYTHONPATH.
+Everything else is real: Slurm, submitit, Ray 2.60, verl 0.9.1 with TransferQueue, megatron-core, torch (CPU).
+`.venv-verl` is built by `bash tools/setup-env.sh verl` (tools/run-tests.sh does it, cached).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_grpo import runs, slurm
+from hpc_grpo.engines import get_engine
+from hpc_grpo.resolve import load_frozen
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = REPO / ".venv-verl"
+GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
+QUEUE_DEADLINE_S = 900.0  # the shared 4-node cluster may be busy with other jobs before this one starts
+DEADLINE_S = 480.0  # from the job's start: 2-4 min to the GPU step on 2 cores under load (~1.5 min when quiet)
+
+STUB = '''"""STAND-IN for vLLM (no CPU build exists): the two vLLM imports verl 0.9.1's start-up needs, written by
+tests/slurm/test_verl_main_ppo.py. Registered before verl is imported, so verl's real modules (which import vllm)
+are never loaded."""
+import sys
+import types
+from importlib.metadata import PackageNotFoundError, version
+
+
+def get_version(pkg):
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return None
+
+
+third_party = types.ModuleType("verl.third_party.vllm")
+third_party.get_version = get_version
+third_party.vllm_version = None
+third_party.VLLM_SLEEP_LEVEL = 1
+third_party.LLM = third_party.parallel_state = None
+sys.modules[third_party.__name__] = third_party
+
+utils = types.ModuleType("verl.workers.rollout.vllm_rollout.utils")
+
+
+def get_vllm_max_lora_rank(lora_rank):
+    for rank in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+        if rank >= lora_rank:
+            return rank
+    raise ValueError(f"LoRA rank {lora_rank} is above vLLM's 512")
+
+
+utils.get_vllm_max_lora_rank = get_vllm_max_lora_rank
+sys.modules[utils.__name__] = utils
+'''
+
+# Shrinking overrides: 2 nodes x 4 fake GPUs, tiny batches, no W&B, no time beyond the partition's limit.
+COMMON = ["resources.nodes=2", "resources.gpus_per_node=4", "resources.time=00:15:00", "logging.logger=[console]",
+          "grpo.n=2", "batch.train=16", "batch.mini=8", "data.filter_overlong_prompts=false"]
+RECIPES = {
+    "fsdp": ["recipe=qwen2.5-3b-gsm8k-lora", *COMMON, "batch.micro_per_gpu=1", "batch.log_prob_micro_per_gpu=1"],
+    "megatron": ["recipe=qwen2.5-7b-codegen", *COMMON, "data.max_prompt_length=512", "data.max_response_length=256",
+                 "batch.max_token_len_per_gpu=2048"],
+}
+# What node 0's log (the driver, with verl's actors' output) must show before the GPU step.
+MILESTONES = [
+    ("the job's Ray head and every node", re.compile(r"all 2 node\(s\) joined; starting the driver")),
+    ("validate_config", re.compile(r"\[validate_config\] All configuration checks passed successfully!")),
+    ("ray.init against the job's Ray", re.compile(r"Connected to Ray cluster")),
+    ("Total training steps", re.compile(r"Total training steps: \d+")),
+    ("worker-group creation", re.compile(r"worker group kwargs|WorkerDict")),
+]
+# The first GPU step: the workers' init_model initialises NCCL, which a CPU build of torch does not have.
+GPU_STEP = re.compile(r"actor_rollout(_ref)?_init_model\(\).*?Distributed package doesn't have NCCL built in", re.S)
+FORBIDDEN = {
+    # verl itself only warns about its optional engines (torchtitan, veomni, nemo_automodel): not a missing module
+    "missing module": re.compile(r"No module named '(?!torchtitan'|veomni'|nemo_automodel')"),
+    "num_cpus to a driver of an existing cluster": re.compile(r"num_cpus and num_gpus must not be provided"),
+    "Ray auth": re.compile(r"InvalidAuthToken|[Aa]uth(entication)? token"),
+    "Python mismatch": re.compile(r"[Vv]ersion mismatch|Python version"),
+    "ROCR/CUDA devices": re.compile(r"ROCR_VISIBLE_DEVICES"),
+}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str], list[str]]:
+    py = VENV / "bin" / "python"
+    if not py.exists():
+        msg = f"{VENV} is missing: build it with `bash tools/setup-env.sh verl` (tools/run-tests.sh does)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg, pytrace=False)
+        print(f"SKIP: {msg}")
+        pytest.skip(msg)
+    if not GSM8K.is_dir():
+        pytest.fail(f"{GSM8K} is missing: the GSM8K files live in ../shared beside the checkout", pytrace=False)
+    root = tmp_path_factory.mktemp("main-ppo")
+    (root / "home").mkdir()
+    stub = root / "vllm-stub"
+    stub.mkdir()
+    (stub / "sitecustomize.py").write_text(STUB)
+    drop = {"WANDB_API_KEY", "HF_TOKEN", "HPC_GRPO_PATH", "RAY_ADDRESS", "VIRTUAL_ENV"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(HOME=str(root / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(stub))
+    cli = [sys.executable, "-m", "hpc_grpo.cli"]
+    for args in (["model", "tiny", "--out", str(root / "model")],
+                 ["data", "gsm8k", "--source", str(GSM8K), "--out", str(root / "data")]):
+        proc = subprocess.run([*cli, *args], env=env, cwd=root, capture_output=True, text=True, timeout=300,
+                              check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = root / "data" / "verl"
+    inputs = [f"cluster.setup.venv={VENV}", f"cluster.runs_root={root / 'runs'}", f"model.path={root / 'model'}",
+              f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}"]
+    return root, env, inputs
+
+
+def job_text(run_dir: Path, job_id: str) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "submitit").glob(f"{job_id}_*_log.*")))
+
+
+def milestones_reached(text: str) -> list[str]:
+    """The milestones node 0's logs show. Ray's log monitor sends a line to stdout or stderr, so their interleaving is
+    lost: each milestone's presence is checked, and each implies the ones before it (one sequential start-up)."""
+    return [name for name, pattern in MILESTONES if pattern.search(text)]
+
+
+@pytest.mark.parametrize("backend", list(RECIPES))
+def test_main_ppo_reaches_the_gpu_step_in_a_2_node_job(backend: str,
+                                                       setup: tuple[Path, dict[str, str], list[str]]) -> None:
+    root, env, inputs = setup
+    name = f"mainppo-{backend}-{os.getpid():x}{int(time.time()) % 100000:x}"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "submit", "cluster=slurm-dev", *RECIPES[backend],
+                           *inputs, "--name", name, "--no-wait"],
+                          env=env, cwd=root, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = root / "runs" / name
+    job_id = runs.read_history(run_dir)[-1].job_id
+
+    # The job runs exactly what render wrote: verl's entry with its overrides, on the profile's venv interpreter.
+    spec = load_frozen(run_dir / "spec.yaml")
+    assert spec.python == f"{VENV}/bin/python"
+    argv = get_engine("verl").command(spec).argv
+    assert argv[:3] == [spec.python, "-m", "verl.trainer.main_ppo"]
+    assert not [a for a in argv if "ray_init.num_cpus" in a]
+    launch = (run_dir / "scripts" / "launch.sh").read_text()
+    assert "\n".join(f"    {a}" for a in argv[1:]) in launch.replace("'", "")
+
+    text, state, started = "", None, None
+    try:
+        end = time.monotonic() + QUEUE_DEADLINE_S
+        while time.monotonic() < end:
+            text = job_text(run_dir, job_id)
+            info = slurm.job_states([job_id]).get(job_id)
+            state = info.state if info else None
+            if started is None and state not in (None, "PENDING"):
+                started = time.monotonic()
+                end = started + DEADLINE_S
+            if GPU_STEP.search(text) or (info is not None and not info.live):
+                break
+            time.sleep(2)
+    finally:
+        slurm.cancel(job_id)  # only this test's job: nothing past the GPU step can run here
+    took = time.monotonic() - t0
+    tail = text[-6000:]
+    for what, pattern in FORBIDDEN.items():
+        m = pattern.search(text)
+        assert m is None, f"job {job_id} stopped on {what}: {text[max(0, m.start() - 2000):m.end() + 500]}"
+    node0 = "\n".join(p.read_text(errors="replace") for p in (run_dir / "submitit").glob(f"{job_id}_0_log.*"))
+    reached = milestones_reached(node0)
+    assert reached == [n for n, _ in MILESTONES], (f"job {job_id} ({state}) reached only {reached}", tail)
+    assert GPU_STEP.search(text), (f"job {job_id} ({state}) got past worker groups but not to the GPU step", tail)
+    # Hydra composed the rendered overrides: the config verl printed holds them.
+    for shown in (f"'path': '{root / 'model'}'", "'nnodes': 2", "'n_gpus_per_node': 4",
+                  f"'default_local_dir': '{run_dir / 'checkpoints'}'"):
+        assert shown in text, shown
+    # verl's own output reaches the job log (Ray's log monitor is on): the TaskRunner actor's lines are there.
+    assert "(TaskRunner" in text
+    ran = time.monotonic() - started if started else float("nan")
+    print(f"\nmain_ppo {backend}: job {job_id} reached the GPU step {took:.0f}s after submit, {ran:.0f}s after its start")
