@@ -34,4 +34,4 @@ export HPC_GRPO_RUN_DIR=/runs/golden
 
 # One task per node; submitit runs hpc-grpo's job callable in each, which runs scripts/launch.sh.
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /runs/golden/submitit/%j_%t_log.out --error /runs/golden/submitit/%j_%t_log.err {python} -u -m submitit.core._submit /runs/golden/submitit
+srun --unbuffered --output /runs/golden/submitit/%j_%t_log.out --error /runs/golden/submitit/%j_%t_log.err /home/user/venvs/hpc-grpo/bin/python -u -m submitit.core._submit /runs/golden/submitit

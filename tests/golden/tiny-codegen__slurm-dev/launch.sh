@@ -11,7 +11,7 @@ cd /runs/golden
 export WANDB_RESUME=allow
 export WANDB_RUN_ID=golden
 driver=(
-  python3
+  {python}
   -m
   hpc_grpo.job.trl_job
   --spec
