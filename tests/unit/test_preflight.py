@@ -171,7 +171,9 @@ def test_sizing_uses_the_shape_with_kept_plus_one(isolated) -> None:
     spec = resolve_spec("qwen2.5-7b-codegen", "a100-ib", ["checkpoint.keep=2", f"cluster.runs_root={isolated}"],
                         run_name="t")
     shape = resolve_shape(spec.recipe.model.path)
-    one = preflight.checkpoint_gib(spec, shape)
+    from hpc_grpo.plan import checkpoint_gib
+
+    one = checkpoint_gib(spec, shape)
     assert one and one > 50  # full fine-tuning of 7.6B parameters: weights + Adam
     (f,) = [f for f in preflight.check_runs_root(spec, shape, make) if f.key == "checkpoint.keep"]
     assert f"~{one * 3:.1f} GiB" in f.message
