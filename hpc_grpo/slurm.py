@@ -37,6 +37,8 @@ __all__ = [
     "parse_squeue",
     "partition_limits",
     "sacct_states",
+    "job_attempts",
+    "parse_attempts",
     "squeue_states",
 ]
 
@@ -391,6 +393,49 @@ def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
         for jid, info in sacct_states(missing).items():
             found.setdefault(jid, info)
     return found
+
+
+_ATTEMPT_FIELDS = "JobID,State,Elapsed,ExitCode,NodeList,Reason,Start,End"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One allocation of a job: a requeued job keeps its id and gets one row per start (sacct --duplicates)."""
+
+    info: JobInfo
+    start: str  # "2026-12-03T07:42:36", "Unknown" while pending
+    end: str
+
+
+def parse_attempts(text: str) -> dict[str, list[Attempt]]:
+    """Attempts per job, oldest first, from `sacct --parsable2 --noheader -X -D -o JobID,...,Start,End`."""
+    out: dict[str, list[Attempt]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = line.split("|")
+        if len(f) < 8:
+            raise ValueError(f"unexpected sacct line: {line!r}")
+        (info,) = parse_sacct("|".join(f[:6])).values() or (None,)
+        if info is None:
+            continue
+        out.setdefault(info.job_id, []).append(Attempt(info, f[6].strip(), f[7].strip()))
+    return out
+
+
+def job_attempts(job_ids: list[str]) -> dict[str, list[Attempt]]:
+    """Every allocation of each job (requeues, preemptions, time limits), oldest first; {} without accounting."""
+    ids = _check_ids(job_ids)
+    if not ids:
+        return {}
+    args = ["sacct", "--parsable2", "--noheader", "-X", "-D", "-j", ",".join(ids), "-o", _ATTEMPT_FIELDS]
+    try:
+        text = _run(args, timeout=30)
+    except SlurmError as e:
+        if "accounting storage is disabled" in e.stderr.lower():
+            return {}
+        raise
+    return parse_attempts(text)
 
 
 def is_live(state: str) -> bool:
