@@ -38,6 +38,7 @@ __all__ = [
     "partition_limits",
     "sacct_states",
     "job_attempts",
+    "requeue",
     "parse_attempts",
     "squeue_states",
 ]
@@ -469,3 +470,9 @@ def cancel(job_id: str, signal: str | None = None) -> None:
         args.append(f"--signal={signal}")
     args.append(jid)
     _run(args)
+
+
+def requeue(job_id: str) -> None:
+    """`scontrol requeue`: Slurm sends SIGTERM (no save hook runs) and queues the job again under its id."""
+    (jid,) = _check_ids([job_id])
+    _run(["scontrol", "requeue", jid])

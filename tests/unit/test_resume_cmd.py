@@ -149,3 +149,22 @@ def test_events_are_not_jobs_and_failures_show(run: Path) -> None:
     assert [j.job_id for j in st.jobs] == ["999999"] and st.failures == ["job 999999: disk full: the disk ... hpc-grpo resume r"]
     proc = cli("status", str(run))
     assert proc.returncode == 0 and "stopped:" in proc.stdout and "hpc-grpo resume r" in proc.stdout
+
+
+def test_resume_at_max_steps_trains_nothing(tmp_path: Path) -> None:
+    """transformers 5 checks max_steps only after a step, so a resume from the last checkpoint would train one
+    step past it: the job must stop before calling train() (the guard runs before any heavy import)."""
+    spec = resolve_spec("tiny-gsm8k", "local", overrides=[f"cluster.runs_root={tmp_path}", "train.total_training_steps=4",
+                                                          "checkpoint.save_freq=2"], run_name="done")
+    write_files(spec.path, render_all(spec))
+    trees.trl_checkpoint(spec.path, 2)
+    trees.trl_checkpoint(spec.path, 4)
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.job.trl_job", "--spec", str(spec.path / "spec.yaml")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "already trained: checkpoint-4 is step 4 of 4" in proc.stdout
+    done = json.loads((spec.path / "train_done.json").read_text())
+    assert done["final_step"] == 4 and done["last_checkpoint"].endswith("checkpoint-4")
+    assert sorted(p.name for p in (spec.path / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    (start,) = [e for e in runs.read_history(spec.path) if e.purpose == "start"]
+    assert start.data["step"] == 4
