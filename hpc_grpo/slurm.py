@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "LIVE_STATES",
+    "Attempt",
     "JobInfo",
     "PartitionLimits",
     "SlurmError",
@@ -28,18 +29,18 @@ __all__ = [
     "batch_script",
     "cancel",
     "is_live",
+    "job_attempts",
     "job_states",
     "normalize_state",
+    "parse_attempts",
     "parse_duration",
     "parse_gres_gpus",
     "parse_sacct",
     "parse_sinfo",
     "parse_squeue",
     "partition_limits",
-    "sacct_states",
-    "job_attempts",
     "requeue",
-    "parse_attempts",
+    "sacct_states",
     "squeue_states",
 ]
 
@@ -457,6 +458,12 @@ def batch_script(job_id: str) -> str:
     return out
 
 
+def requeue(job_id: str) -> None:
+    """`scontrol requeue`: Slurm sends SIGTERM (no save hook runs) and queues the job again under its id."""
+    (jid,) = _check_ids([job_id])
+    _run(["scontrol", "requeue", jid])
+
+
 def cancel(job_id: str, signal: str | None = None) -> None:
     """Cancel a job, or with `signal` (e.g. "USR2": submitit's checkpoint-and-requeue) only signal its steps.
 
@@ -470,9 +477,3 @@ def cancel(job_id: str, signal: str | None = None) -> None:
         args.append(f"--signal={signal}")
     args.append(jid)
     _run(args)
-
-
-def requeue(job_id: str) -> None:
-    """`scontrol requeue`: Slurm sends SIGTERM (no save hook runs) and queues the job again under its id."""
-    (jid,) = _check_ids([job_id])
-    _run(["scontrol", "requeue", jid])
