@@ -315,7 +315,8 @@ def wait_for(submission: Any) -> int:
     status = run_status(submission.run_dir)
     print_status(status)
     print_training_summary(submission.run_dir)
-    ok = state in ("COMPLETED", "FINISHED", "DONE") or (status.jobs and status.jobs[-1].state == "COMPLETED")
+    # The run's own row, not submitit's state: a local job that raised is "FINISHED" to submitit.
+    ok = status.jobs[-1].state == "COMPLETED" if status.jobs else state == "COMPLETED"
     return 0 if ok else 1
 
 

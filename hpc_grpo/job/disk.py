@@ -134,10 +134,9 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = load_frozen(args.spec)
     if is_disk_full(spec.path, None):
-        release_reserve(spec.path)
         message = explain(spec.path, spec.run_name, spec.recipe.engine)
-        print(f"hpc-grpo: error: {message}", file=sys.stderr, flush=True)
         report(spec.path, message)
+        print(f"hpc-grpo: error: {message}", file=sys.stderr, flush=True)
     return 0
 
 

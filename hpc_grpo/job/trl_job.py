@@ -353,9 +353,8 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     except Exception as exc:
         if not disk.is_disk_full(run_dir, exc):
             raise
-        disk.release_reserve(run_dir)  # room for this message in the log and the history
         message = disk.explain(run_dir, spec.run_name, "trl")
-        disk.report(run_dir, message)
+        disk.report(run_dir, message)  # releases the reserve first: room for this message in the log and history
         raise JobError(message) from exc
 
     runtime = float(result.metrics.get("train_runtime", 0.0))
