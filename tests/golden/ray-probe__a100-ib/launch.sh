@@ -155,7 +155,7 @@ if [ "$node_index" -eq 0 ]; then
   # decision recorded in history.jsonl. It writes verl's resume overrides (resume_path + resume_from_path, or
   # disable; never auto), one per line, for the driver's command line.
   resume_args_file="$state_dir/resume-args.$attempt"
-  python3 -m hpc_grpo.job.prepare_resume --spec "$run_dir/spec.yaml" --args-out "$resume_args_file"
+  "$python" -m hpc_grpo.job.prepare_resume --spec "$run_dir/spec.yaml" --args-out "$resume_args_file"
   # Teardown order: the workers leave first (they see done_file), then the head stops. A worker whose head went
   # first loses its GCS and leaves its agents behind (workers_stopped waits for their stopped files).
   # `|| true`: a failed touch (shared filesystem trouble) must not skip stop_ray under `set -e`.
@@ -194,7 +194,7 @@ if [ "$node_index" -eq 0 ]; then
   log "driver exited with status $driver_status"
   if [ "$driver_status" -ne 0 ]; then
     # verl does not say when a save failed for want of space: this names the disk and the fix if so.
-    python3 -m hpc_grpo.job.disk --spec "$run_dir/spec.yaml" || true
+    "$python" -m hpc_grpo.job.disk --spec "$run_dir/spec.yaml" || true
   fi
   exit "$driver_status"
 else
