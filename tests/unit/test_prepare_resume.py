@@ -147,10 +147,11 @@ def test_launch_script_passes_the_prepared_overrides(tmp_path: Path) -> None:
     start = next(i for i, ln in enumerate(lines) if "resume_args_file=" in ln)
     end = next(i for i, ln in enumerate(lines) if "mapfile -t resume_args" in ln)
     assert any('driver+=("${resume_args[@]}")' in ln for ln in lines)
-    snippet = "\n".join(["set -euo pipefail", f"run_dir={spec.path}", f"state_dir={tmp_path}/state", "attempt=0",
+    snippet = "\n".join(["set -euo pipefail", f"python={sys.executable}", f"run_dir={spec.path}",
+                         f"state_dir={tmp_path}/state", "attempt=0",
                          f"mkdir -p {tmp_path}/state", *lines[start:end + 1], 'printf "%s\\n" "${resume_args[@]}"'])
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", SLURM_JOB_ID="99")
-    proc = subprocess.run(["bash", "-c", snippet.replace("python3 -m", f"{sys.executable} -m")], env=env,
+    proc = subprocess.run(["bash", "-c", snippet], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     args = proc.stdout.splitlines()[-2:]
