@@ -287,7 +287,7 @@ def logged_metrics(run_dir: Path, engine: str) -> dict[int, dict[str, float]]:
     except OSError:
         pass
     if engine == "trl":
-        for _, path in reversed(ck.candidates(run_dir, engine)):
+        for _, path in reversed(candidates(run_dir, engine)):
             try:
                 history = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))["log_history"]
             except (OSError, ValueError, KeyError, TypeError):
@@ -333,6 +333,18 @@ def metric_per_checkpoint(logged: dict[int, dict[str, float]], steps: Sequence[i
 
 
 # --------------------------------------------------------------------------------------- listing
+def candidates(run_dir: Path, engine: str) -> list[tuple[int, Path]]:
+    """(step, entry) of every checkpoint-named entry, oldest first, none opened: the cheap first pass.
+    Names come from checkpoints.FOLDER_RE, so the layout knowledge stays in that module."""
+    pattern = ck.FOLDER_RE[engine]
+    try:
+        with os.scandir(ck.checkpoint_dir(run_dir)) as it:
+            found = [(int(m.group(1)), Path(e.path)) for e in it if (m := pattern.match(e.name))]
+    except OSError:
+        return []
+    return sorted(found)
+
+
 def footprint(path: Path) -> tuple[int, float]:
     """Bytes of regular files below path and their newest mtime (symlinks not followed, not counted)."""
     size, newest = 0, 0.0
@@ -343,6 +355,7 @@ def footprint(path: Path) -> tuple[int, float]:
                 for e in it:
                     if e.is_dir(follow_symlinks=False):
                         stack.append(e.path)
+                        newest = max(newest, e.stat(follow_symlinks=False).st_mtime)
                     elif e.is_file(follow_symlinks=False):
                         st = e.stat(follow_symlinks=False)
                         size += st.st_size
@@ -368,7 +381,7 @@ def _parallel(fn: Any, args: Sequence[Any], workers: int = 8) -> list[Any]:
 def scan(run_dir: Path, engine: str, policy: Policy, prot: Protections) -> list[Item]:
     """Every checkpoint with size and mtime; completeness opened only where it can change a verdict."""
     run_dir = Path(run_dir)
-    found = ck.candidates(run_dir, engine)
+    found = candidates(run_dir, engine)
     prints = _parallel(lambda sp: footprint(sp[1]) if not sp[1].is_symlink() else (0, os.lstat(sp[1]).st_mtime), found)
     exports = _parallel(lambda sp: footprint(run_dir / EXPORT_DIR / f"step_{sp[0]}")[0], found)
     items = {s: Item(s, p, None, "not opened", sz, mt, ex) for (s, p), (sz, mt), ex in zip(found, prints, exports)}
@@ -376,7 +389,7 @@ def scan(run_dir: Path, engine: str, policy: Policy, prot: Protections) -> list[
     def check(step: int) -> bool:
         it = items[step]
         if it.complete is None:
-            c = ck.inspect(it.path, engine)
+            c = ck.judge(it.path, engine, step)
             items[step] = replace(it, complete=c.complete, reason=c.reason)
         return bool(items[step].complete)
 
@@ -467,7 +480,7 @@ def prune_run(run_dir: Path, engine: str, policy: Policy, *, dry_run: bool = Fal
     with checkpoint_lock(run_dir, timeout_s=lock_timeout_s):
         now = time.time() if now is None else now
         logged = logged_metrics(run_dir, engine) if policy.keep_best else {}
-        steps = [s for s, _ in ck.candidates(run_dir, engine)]
+        steps = [s for s, _ in candidates(run_dir, engine)]
         metrics = metric_per_checkpoint(logged, steps, policy.keep_best) if policy.keep_best else {}
         tracker = ck.tracker_step(run_dir) if engine == "verl" else None
         prot = Protections(now=now, tracker_step=tracker, leased=active_leases(run_dir, now), metrics=metrics)

@@ -6,10 +6,9 @@ modelled field is refused with the field to set instead (one source of truth per
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_grpo import checkpoints
 from hpc_grpo.engines import EngineCommand, Override
 from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_key_for
 from hpc_grpo.findings import Finding, error
@@ -19,8 +18,9 @@ ENTRY = ["python3", "-m", "verl.trainer.main_ppo"]
 
 
 def checkpoint_dir(spec: RunSpec) -> Path:
-    """Absolute: verl's default is relative to the working directory, which differs per node."""
-    return spec.path / "checkpoints"
+    """Absolute: verl's default is relative to the working directory, which differs per node. Listing
+    and judging the folders in it is hpc_grpo.checkpoints' job."""
+    return checkpoints.checkpoint_dir(spec.path)
 
 
 def config_name(spec: RunSpec) -> str:
@@ -173,46 +173,3 @@ class VerlEngine:
                     error(pkey, f"is set by hpc-grpo from recipe key '{src}'", f"set {src} instead")
                 )
         return findings
-
-
-@dataclass(frozen=True, slots=True)
-class VerlCheckpoint:
-    step: int
-    path: Path
-    complete: bool
-    reason: str
-
-
-def list_checkpoints(ckpt_dir: Path) -> list[VerlCheckpoint]:
-    """global_step_N folders, oldest first; complete = the actor state and the dataloader state are all there.
-
-    FSDP: one model/optim/extra shard per rank, as many as fsdp_config.json's world_size. Megatron: the
-    ckpt_contents.json manifest, written last. verl itself never checks before loading.
-    """
-    found = []
-    for path in ckpt_dir.glob("global_step_*"):
-        suffix = path.name.removeprefix("global_step_")
-        if path.is_dir() and suffix.isdigit():
-            ok, reason = _complete(path)
-            found.append(VerlCheckpoint(int(suffix), path, ok, reason))
-    return sorted(found, key=lambda c: c.step)
-
-
-def _complete(path: Path) -> tuple[bool, str]:
-    actor = path / "actor"
-    if not (path / "data.pt").is_file():
-        return False, "no data.pt (dataloader state)"
-    if (actor / "ckpt_contents.json").is_file():
-        return True, "megatron manifest present"
-    cfg = actor / "fsdp_config.json"
-    if not cfg.is_file():
-        return False, "no actor/fsdp_config.json or ckpt_contents.json"
-    try:
-        world = int(json.loads(cfg.read_text())["world_size"])
-    except (ValueError, KeyError, TypeError):
-        return False, "unreadable fsdp_config.json"
-    for kind in ("model", "optim", "extra_state"):
-        shards = list(actor.glob(f"{kind}_world_size_{world}_rank_*.pt"))
-        if len(shards) != world or any(s.stat().st_size == 0 for s in shards):
-            return False, f"{len(shards)} of {world} {kind} shards"
-    return True, f"{world} FSDP shards"

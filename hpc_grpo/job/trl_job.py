@@ -24,20 +24,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo.engines.trl import (
-    Checkpoint,
-    checkpoint_dir,
-    grpo_config_kwargs,
-    list_checkpoints,
-    lora_config_kwargs,
-    newest_complete,
-)
+from hpc_grpo import checkpoints as ck
+from hpc_grpo.checkpoints import Checkpoint
+from hpc_grpo.engines.trl import checkpoint_dir, grpo_config_kwargs, lora_config_kwargs
 from hpc_grpo.spec import RunSpec
 
 METRICS_FILE = "metrics.jsonl"
 DONE_FILE = "train_done.json"
 LENGTHS_FILE = "prompt_lengths.json"
-INCOMPLETE_DIR = "checkpoints-incomplete"
+INCOMPLETE_DIR = ck.QUARANTINE_DIR
 # trl log key -> metrics.jsonl key
 METRIC_KEYS = {
     "reward": "reward",
@@ -113,7 +108,7 @@ def trim_metrics(path: Path, resume_step: int) -> int:
     return dropped
 
 
-def quarantine_incomplete(ckpt_dir: Path, run_dir: Path) -> list[Path]:
+def quarantine_incomplete(run_dir: Path) -> list[Path]:
     """Move incomplete checkpoint-N folders to RUN_DIR/checkpoints-incomplete/ (never delete them).
 
     Left in place, trl's rotation (by mtime) would count a half-written folder as one of the
@@ -121,13 +116,10 @@ def quarantine_incomplete(ckpt_dir: Path, run_dir: Path) -> list[Path]:
     write over it. Moving keeps the evidence for a post-mortem.
     """
     moved: list[Path] = []
-    for ckpt in list_checkpoints(ckpt_dir):
+    for ckpt in ck.list_checkpoints(run_dir, "trl"):
         if ckpt.complete or ckpt.path.is_symlink():
             continue
-        target_dir = run_dir / INCOMPLETE_DIR
-        target_dir.mkdir(parents=True, exist_ok=True)
-        target = target_dir / f"{ckpt.path.name}.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}"
-        os.rename(ckpt.path, target)
+        target = ck.quarantine(run_dir, ckpt)
         log(f"moved incomplete {ckpt.path.name} ({ckpt.reason}) to {target}")
         moved.append(target)
     return moved
@@ -311,8 +303,8 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
 
     # Where to start is decided from disk first, before any heavy import: a requeue of a finished
     # run ends here in a second.
-    quarantine_incomplete(ckpt_dir, run_dir)
-    resume: Checkpoint | None = newest_complete(ckpt_dir)
+    quarantine_incomplete(run_dir)
+    resume: Checkpoint | None = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
     resume_step = resume.step if resume else 0
     if resume:
         log(f"resuming from {resume.path} (step {resume.step})")
@@ -371,7 +363,7 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
 
     runtime = float(result.metrics.get("train_runtime", 0.0))
-    final = newest_complete(ckpt_dir)
+    final = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
     return finish(spec, trainer.state.global_step, trainer.state.max_steps, final, resume, t0, runtime)
 
 

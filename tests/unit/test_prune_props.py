@@ -119,7 +119,7 @@ def test_prune_keeps_exactly_the_policy(t: dict, dry: bool) -> None:
         assert snapshot(outside) == before_outside  # nothing outside the folder, through any link
         assert {v.step for v in result.verdicts if v.keep} == want_kept
         assert {v.step for v in result.verdicts if v.protected} == protected
-        left = {s for s, _ in ck.candidates(run, engine)}
+        left = {s for s, _ in prune.candidates(run, engine)}
         if dry:
             after = snapshot(root / "run")
             after.pop(".checkpoint.lock")  # the lock file is the one thing a dry run may create
