@@ -582,3 +582,18 @@ def cli_prune(run: str | None, all_runs: bool, *, dry_run: bool, max_bytes: str 
         policy = Policy.from_recipe(spec.recipe.checkpoint, **overrides)
         results.append(prune_run(d, spec.recipe.engine, policy, dry_run=dry_run))
     return results
+
+
+def job_prune(run_dir: Path, when: str, log: Any = print, lock_timeout_s: float = 120.0) -> PruneResult | None:
+    """Apply the run's policy from inside a job (start, after a save, end). Never fails the job: a busy lock or a
+    filesystem error is logged and retried at the next occasion."""
+    from hpc_grpo.runs import LockTimeout
+    from hpc_grpo.yamlio import SpecError
+
+    try:
+        result = prune_spec(Path(run_dir), lock_timeout_s=lock_timeout_s)
+    except (LockTimeout, OSError, SpecError) as exc:
+        log(f"prune ({when}) skipped: {exc}")
+        return None
+    log(f"{summary(result)} [{when}]")
+    return result

@@ -249,7 +249,7 @@ class Checkpoint(Strict):
     keep_every: int | None = Field(default=None, gt=0, description="also keep steps that are multiples of this")
     keep_best: str | None = Field(default=None, description="METRIC[:max|min]: also keep the best checkpoint")
     max_bytes: int | None = Field(default=None, description="cap on kept checkpoints + exports (e.g. 200G)")
-    grace_s: int = Field(default=600, ge=0, description="never remove a checkpoint written this recently")
+    grace_s: int = Field(default=300, ge=0, description="never remove a checkpoint written this recently")
     quarantine_days: float = Field(default=7.0, ge=0, description="delete checkpoints-incomplete/ entries after")
     disk_gb: float | None = Field(default=None, gt=0, description="free space to require")
 

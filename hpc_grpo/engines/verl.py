@@ -125,7 +125,9 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     add("trainer.max_actor_ckpt_to_keep", None, "engine: hpc-grpo prunes (checkpoint.keep_last and friends)")
     add("trainer.resume_mode", "auto", "engine")
     add("trainer.default_local_dir", str(checkpoint_dir(spec)), "run directory")
-    add("trainer.logger", list(r.logging.logger), "logging.logger")
+    # verl's file logger writes each step's metrics (val-core/... included) for keep_best; the prune poller copies
+    # them into RUN_DIR/metrics.jsonl, since verl rewrites the file from scratch at every restart.
+    add("trainer.logger", [*r.logging.logger, "file"], "logging.logger")
     add("trainer.project_name", r.logging.project, "logging.project")
     add("trainer.experiment_name", r.logging.experiment or spec.run_name, "logging.experiment")
     cpus = spec.cluster.cpus_per_node if r.resources.cpus_per_task is None else r.resources.cpus_per_task
@@ -133,6 +135,7 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     add(f"{env}.WANDB_RUN_ID", spec.run_name, "run name")
     add(f"{env}.WANDB_RESUME", "allow", "engine")
+    add(f"{env}.VERL_FILE_LOGGER_PATH", f"{spec.run_dir}/verl_metrics.jsonl", "engine: metrics for prune's keep_best")
     return out
 
 

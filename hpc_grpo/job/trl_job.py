@@ -27,6 +27,8 @@ from typing import Any
 from hpc_grpo import checkpoints as ck
 from hpc_grpo.checkpoints import Checkpoint
 from hpc_grpo.engines.trl import checkpoint_dir, grpo_config_kwargs, lora_config_kwargs
+from hpc_grpo.prune import job_prune
+from hpc_grpo.runs import checkpoint_lock
 from hpc_grpo.spec import RunSpec
 
 METRICS_FILE = "metrics.jsonl"
@@ -303,8 +305,10 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
 
     # Where to start is decided from disk first, before any heavy import: a requeue of a finished
     # run ends here in a second.
-    quarantine_incomplete(run_dir)
-    resume: Checkpoint | None = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
+    with checkpoint_lock(run_dir):  # no prune or save of another process interleaves
+        quarantine_incomplete(run_dir)
+        resume: Checkpoint | None = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
+    job_prune(run_dir, "job start", log)  # after resume preparation: retention holds across requeues
     resume_step = resume.step if resume else 0
     if resume:
         log(f"resuming from {resume.path} (step {resume.step})")
@@ -359,12 +363,39 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     )
     trainer.remove_callback(PrinterCallback)  # prints every raw log dict; ours prints one line per step
     trainer.add_callback(metrics_callback(run_dir / METRICS_FILE, config.max_steps))
+    lock_saves(trainer, run_dir)
+    trainer.add_callback(prune_callback(run_dir))
     log("trainer ready: training")
     result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
 
     runtime = float(result.metrics.get("train_runtime", 0.0))
     final = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
     return finish(spec, trainer.state.global_step, trainer.state.max_steps, final, resume, t0, runtime)
+
+
+def lock_saves(trainer: Any, run_dir: Path) -> None:
+    """Each save holds the run's checkpoint lock, so a prune (in this job or from a login node) never sees a
+    half-written folder as anything but "being written". Wraps transformers' Trainer._save_checkpoint."""
+    save = trainer._save_checkpoint
+
+    def locked_save(*args: Any, **kwargs: Any) -> Any:
+        with checkpoint_lock(run_dir):
+            return save(*args, **kwargs)
+
+    trainer._save_checkpoint = locked_save
+
+
+def prune_callback(run_dir: Path) -> Any:
+    """A TrainerCallback applying the retention policy after every save (hpc-grpo owns retention:
+    save_total_limit is off, since trl's rotation, like verl's, knows nothing of milestones or leases)."""
+    from transformers import TrainerCallback
+
+    class PruneCallback(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.is_world_process_zero:
+                job_prune(run_dir, f"after save of step {state.global_step}", log)
+
+    return PruneCallback()
 
 
 def target_steps(max_steps: int, resume: Checkpoint | None) -> int | None:
@@ -394,6 +425,7 @@ def finish(spec: RunSpec, step: int, max_steps: int | None, final: Checkpoint | 
         "train_runtime_s": round(runtime, 3),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    job_prune(Path(spec.run_dir), "run end", log)
     write_json_atomic(Path(spec.run_dir) / DONE_FILE, done)
     log(f"done: step {step}, last checkpoint {done['last_checkpoint']}, {done['wall_time_s']} s")
     return done
