@@ -424,3 +424,10 @@ def cancel(job_id: str, signal: str | None = None) -> None:
         args.append(f"--signal={signal}")
     args.append(jid)
     _run(args)
+
+
+def requeue(job_id: str) -> None:
+    """Kill a running job and put it back in the queue under the same id (SLURM_RESTART_COUNT + 1): what a
+    node failure or an admin does; the job resumes from its checkpoints when it starts again."""
+    (jid,) = _check_ids([job_id])
+    _run(["scontrol", "requeue", jid])

@@ -256,14 +256,12 @@ class Checkpoint(Strict):
     @model_validator(mode="before")
     @classmethod
     def _old_keep(cls, data: Any) -> Any:
-        """`keep: N` (recipes before retention) means keep_last N; both at once must agree."""
+        """`keep: N` (recipes before retention) means keep_last N. When both are set, keep_last wins: an old
+        recipe's `keep` overridden by `checkpoint.keep_last=...` on the command line must take the override."""
         if isinstance(data, dict) and "keep" in data:
             data = dict(data)
             keep = data.pop("keep")
-            if "keep_last" in data and data["keep_last"] != keep:
-                raise ValueError(f"keep={keep!r} and keep_last={data['keep_last']!r} disagree: keep is the old "
-                                 "name of keep_last, set only keep_last")
-            data["keep_last"] = keep
+            data.setdefault("keep_last", keep)
         return data
 
     @field_validator("max_bytes", mode="before")

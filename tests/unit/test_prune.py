@@ -36,9 +36,7 @@ def trl_run(root: Path, steps: list[int], *overrides: str) -> Path:
 # ------------------------------------------------------------------------------------ the recipe
 def test_old_keep_means_keep_last_and_new_keys_validate() -> None:
     assert CkptCfg.model_validate({"keep": 2}).keep_last == 2
-    assert CkptCfg.model_validate({"keep": 2, "keep_last": 2}).keep_last == 2
-    with pytest.raises(ValueError, match="keep is the old name of keep_last"):
-        CkptCfg.model_validate({"keep": 2, "keep_last": 3})
+    assert CkptCfg.model_validate({"keep": 2, "keep_last": 3}).keep_last == 3  # the new name wins (an override)
     assert CkptCfg.model_validate({"max_bytes": "1.5G"}).max_bytes == int(1.5 * 2**30)
     assert CkptCfg.model_validate({"max_bytes": 4096}).max_bytes == 4096
     for bad in ("lots", "-3G", 0, True):
@@ -199,3 +197,19 @@ def test_cli_dry_run_json_and_table(tmp_path: Path) -> None:
     assert sorted(s for s, _ in prune.candidates(run, "trl")) == [4, 8, 10]
     bad = cli(str(run), "--max-bytes", "lots", home=tmp_path)
     assert bad.returncode == 2 and "--max-bytes 'lots'" in bad.stderr
+
+
+# ----------------------------------------------------------------------------------------- plan
+def test_plan_warns_when_what_retention_keeps_does_not_fit(tmp_path: Path) -> None:
+    from hpc_grpo.plan import kept_checkpoints, run_plan
+
+    base = [f"cluster.runs_root={tmp_path}", "train.total_training_steps=100", "checkpoint.save_freq=10"]
+    spec = resolve_spec("qwen2.5-7b-codegen", "local", [*base, "checkpoint.keep_last=2", "checkpoint.keep_every=50",
+                                                         "checkpoint.keep_best=val-core/*/mean@1"])
+    assert kept_checkpoints(spec)[0] == 2 + 2 + 1 + 1  # newest, milestones 50 and 100, best, one being written
+    disk = [f for f in run_plan(spec, schema=False).findings if f.key == "checkpoint.keep_last"]
+    assert disk and disk[0].severity.value == "warning", disk  # a 7B full fine-tune: ~100 GiB per checkpoint
+    assert "2 newest + up to 2 milestones + the best + 1 being written" in disk[0].message
+    small = resolve_spec("tiny-gsm8k", "local", [*base])
+    disk = [f for f in run_plan(small, schema=False).findings if f.key == "checkpoint.keep_last"]
+    assert all(f.severity.value == "info" for f in disk), disk
