@@ -37,7 +37,8 @@ LEASE_DIR = "leases"
 EXPORT_DIR = "exports"  # RUN_DIR/exports/step_N/ (written by evaluation's export)
 EVAL_DIR = "eval"  # RUN_DIR/eval/step_N.json (evaluation's scores; numeric leaves become metrics eval/<path>)
 METRICS_FILE = "metrics.jsonl"  # one line per step; verl's file logger lines ({"step", "data"}) are read too
-LEASE_MAX_AGE_S = 2 * 86400  # a lease from another host whose holder cannot be asked is trusted this long
+LEASE_MAX_AGE_S = 2 * 86400
+WORKERS = 8  # threads for listing and removal (tools/bench_prune.py measures 1 against 8)  # a lease from another host whose holder cannot be asked is trusted this long
 
 
 # ---------------------------------------------------------------------------------------- policy
@@ -370,9 +371,10 @@ def footprint(path: Path) -> tuple[int, float]:
     return size, newest
 
 
-def _parallel(fn: Any, args: Sequence[Any], workers: int = 8) -> list[Any]:
+def _parallel(fn: Any, args: Sequence[Any], workers: int | None = None) -> list[Any]:
     """Threads pay on many entries (stat and unlink release the GIL; parallel filesystems serve them at once)."""
-    if len(args) < 16:
+    workers = workers or WORKERS
+    if len(args) < 16 or workers == 1:
         return [fn(a) for a in args]
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(fn, args))

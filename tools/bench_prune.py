@@ -54,9 +54,10 @@ def build(run: Path, n: int, world: int, payload: int) -> None:
     (ckpts / "latest_checkpointed_iteration.txt").write_text(str(n))
 
 
-def time_prune(run: Path) -> tuple[float, int]:
+def time_prune(run: Path, workers: int) -> tuple[float, int]:
     from hpc_grpo import prune
 
+    prune.WORKERS = workers
     t0 = time.perf_counter()
     result = prune.prune_run(run, "verl", prune.Policy(keep_last=1, grace_s=0))
     dt = time.perf_counter() - t0
@@ -77,13 +78,15 @@ import sys, time, json
 t0 = time.perf_counter()
 from hpc_grpo import prune
 t1 = time.perf_counter()
+c1 = time.process_time()
 r = prune.prune_run(sys.argv[1], "verl", prune.Policy(keep_last=3, keep_every=100, grace_s=0), dry_run=True)
 t2 = time.perf_counter()
+cpu = time.process_time() - c1
 from hpc_grpo import checkpoints
 full = checkpoints.list_checkpoints(sys.argv[1], "verl")
 t3 = time.perf_counter()
 print(json.dumps({"import_s": t1 - t0, "prune_list_s": t2 - t1, "n": len(r.verdicts),
-                  "opened": sum(v.complete is not None for v in r.verdicts), "full_check_s": t3 - t2,
+                  "opened": sum(v.complete is not None for v in r.verdicts), "full_check_s": t3 - t2, "list_cpu_s": cpu,
                   "n_full": len(full)}))
 """
 
@@ -98,27 +101,28 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-prune-", dir="/tmp"))
     try:
-        prune_t, rm_t = [], []
+        prune_t, serial_t, rm_t = [], [], []
         for i in range(args.repeat):
-            a, b = tmp / f"a{i}", tmp / f"b{i}"
-            build(a, args.ckpts, args.world, args.payload)
-            build(b, args.ckpts, args.world, args.payload)
+            a, b, c = tmp / f"a{i}", tmp / f"b{i}", tmp / f"c{i}"
+            for d in (a, b, c):
+                build(d, args.ckpts, args.world, args.payload)
             files = sum(len(f) for _, _, f in os.walk(a / "checkpoints" / "global_step_1"))
             os.sync()
-            if i % 2 == 0:
-                rm_t.append(time_rm(b, f"global_step_{args.ckpts}"))
-                dt, removed = time_prune(a)
-            else:
-                dt, removed = time_prune(a)
-                rm_t.append(time_rm(b, f"global_step_{args.ckpts}"))
-            prune_t.append(dt)
-            assert removed == args.ckpts - 1
+            order = [("rm", b), ("prune", a), ("serial", c)]
+            for kind, d in order[i % 3:] + order[: i % 3]:  # rotate who goes first
+                if kind == "rm":
+                    rm_t.append(time_rm(d, f"global_step_{args.ckpts}"))
+                    continue
+                dt, removed = time_prune(d, 8 if kind == "prune" else 1)
+                (prune_t if kind == "prune" else serial_t).append(dt)
+                assert removed == args.ckpts - 1
             assert sorted(os.listdir(a / "checkpoints")) == sorted(os.listdir(b / "checkpoints"))
-            shutil.rmtree(a)
-            shutil.rmtree(b)
-        p, r = statistics.median(prune_t), statistics.median(rm_t)
-        print(f"removal of {args.ckpts - 1} checkpoints x {files} files: prune {p:.3f} s, rm -rf {r:.3f} s, "
-              f"ratio {p / r:.2f}x (target <= 1.5x) [runs: prune {', '.join(f'{x:.3f}' for x in prune_t)}; "
+            for d in (a, b, c):
+                shutil.rmtree(d)
+        p, s1, r = statistics.median(prune_t), statistics.median(serial_t), statistics.median(rm_t)
+        print(f"removal of {args.ckpts - 1} checkpoints x {files} files: prune (8 threads) {p:.3f} s, prune (1 thread) "
+              f"{s1:.3f} s, rm -rf {r:.3f} s: ratio {p / r:.2f}x, serial {s1 / r:.2f}x (target <= 1.5x) "
+              f"[runs: prune {', '.join(f'{x:.3f}' for x in prune_t)}; serial {', '.join(f'{x:.3f}' for x in serial_t)}; "
               f"rm {', '.join(f'{x:.3f}' for x in rm_t)}]")
         lst = tmp / "list"
         t0 = time.perf_counter()
@@ -128,9 +132,9 @@ def main() -> int:
                               cwd=REPO, check=True)
         m = json.loads(proc.stdout)
         print(f"listing {m['n']} checkpoints (fresh process, dry-run prune keep_last 3 keep_every 100): "
-              f"{m['prune_list_s']:.3f} s, {m['opened']} opened in full (target < 1 s); "
+              f"{m['prune_list_s']:.3f} s ({m['list_cpu_s']:.3f} s CPU), {m['opened']} opened in full (target < 1 s); "
               f"full check of all {m['n_full']} (resume preparation's path): {m['full_check_s']:.3f} s")
-        print(json.dumps({"prune_s": p, "rm_s": r, "ratio": p / r, **m}))
+        print(json.dumps({"prune_s": p, "prune_serial_s": s1, "rm_s": r, "ratio": p / r, **m}))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
