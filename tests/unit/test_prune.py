@@ -213,3 +213,27 @@ def test_plan_warns_when_what_retention_keeps_does_not_fit(tmp_path: Path) -> No
     small = resolve_spec("tiny-gsm8k", "local", [*base])
     disk = [f for f in run_plan(small, schema=False).findings if f.key == "checkpoint.keep_last"]
     assert all(f.severity.value == "info" for f in disk), disk
+
+
+# ------------------------------------------------------------------------------ the verl poller
+def test_poller_copies_verl_metrics_across_restarts_and_prunes(tmp_path: Path) -> None:
+    from hpc_grpo.job import prune_poller
+
+    spec = resolve_spec("qwen2.5-3b-gsm8k-lora", "local", [f"cluster.runs_root={tmp_path}", "checkpoint.keep_last=1",
+                                                           "checkpoint.grace_s=0"], run_name="v")
+    run = spec.path
+    run.mkdir(parents=True)
+    (run / "spec.yaml").write_text(dump_yaml(spec.model_dump(mode="json")), encoding="utf-8")
+    for s in (5, 10, 15):
+        set_mtime(verl_fsdp_checkpoint(run / "checkpoints", s), OLD + s)
+    src, dst = run / "verl_metrics.jsonl", run / "metrics.jsonl"
+    src.write_text('{"step":5,"data":{"val-core/a/reward/mean@1":0.2}}\n{"step":10,"data":{"x":1}}\n{"step":1')
+    seen = prune_poller.seen_lines(dst)
+    assert prune_poller.merge_metrics(src, dst, seen) == 2  # the half-written last line waits
+    src.write_text('{"step":10,"data":{"x":1}}\n{"step":15,"data":{"x":2}}\n')  # verl restarted: file rewritten
+    assert prune_poller.merge_metrics(src, dst, prune_poller.seen_lines(dst)) == 1
+    assert [json.loads(line)["step"] for line in dst.read_text().splitlines()] == [5, 10, 15]
+    state = prune_poller.folder_state(run)
+    assert prune_poller.main(["--run-dir", str(run), "--once"]) == 0
+    assert [s for s, _ in prune.candidates(run, "verl")] == [15]
+    assert prune_poller.folder_state(run) != state  # what the polling loop watches changed
