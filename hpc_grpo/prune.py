@@ -479,7 +479,7 @@ def prune_run(run_dir: Path, engine: str, policy: Policy, *, dry_run: bool = Fal
     """List, decide and (unless dry_run) remove, all under the run's checkpoint lock so no save, resume
     preparation, second prune or new lease interleaves. Exports go with their checkpoint."""
     run_dir = Path(run_dir)
-    with checkpoint_lock(run_dir, timeout_s=lock_timeout_s):
+    with checkpoint_lock(run_dir, timeout_s=7 * 86400 if lock_timeout_s is None else lock_timeout_s):
         now = time.time() if now is None else now
         logged = logged_metrics(run_dir, engine) if policy.keep_best else {}
         steps = [s for s, _ in candidates(run_dir, engine)]
@@ -586,15 +586,16 @@ def cli_prune(run: str | None, all_runs: bool, *, dry_run: bool, max_bytes: str 
     return results
 
 
-def job_prune(run_dir: Path, when: str, log: Any = print, lock_timeout_s: float = 120.0) -> PruneResult | None:
+def job_prune(run_dir: Path, when: str, log: Any = print, lock_timeout_s: float = 120.0,
+              **overrides: Any) -> PruneResult | None:
     """Apply the run's policy from inside a job (start, after a save, end). Never fails the job: a busy lock or a
-    filesystem error is logged and retried at the next occasion."""
-    from hpc_grpo.runs import LockTimeout
+    filesystem error is logged and retried at the next occasion. trl's job passes grace_s=0: its saves hold the
+    checkpoint lock, so while prune holds it nothing is being written (verl's saves do not: the grace applies)."""
     from hpc_grpo.yamlio import SpecError
 
     try:
-        result = prune_spec(Path(run_dir), lock_timeout_s=lock_timeout_s)
-    except (LockTimeout, OSError, SpecError) as exc:
+        result = prune_spec(Path(run_dir), lock_timeout_s=lock_timeout_s, **overrides)
+    except (TimeoutError, OSError, SpecError) as exc:
         log(f"prune ({when}) skipped: {exc}")
         return None
     log(f"{summary(result)} [{when}]")

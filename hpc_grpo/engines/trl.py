@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo import checkpoints
+from hpc_grpo import checkpoints, runs
 from hpc_grpo.engines import EngineCommand, Override
 from hpc_grpo.findings import Finding, error, info, warning
 from hpc_grpo.spec import RunSpec
@@ -210,7 +210,7 @@ class TrlEngine:
     def command(self, spec: RunSpec) -> EngineCommand:
         return EngineCommand(
             argv=[*ENTRY, "--spec", f"{spec.run_dir}/spec.yaml"],
-            env={"WANDB_RUN_ID": spec.run_name, "WANDB_RESUME": "allow"},
+            env={"WANDB_RUN_ID": runs.wandb_run_id(spec.path), "WANDB_RESUME": "allow"},
         )
 
     def check(self, spec: RunSpec) -> list[Finding]:

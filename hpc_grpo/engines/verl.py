@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpc_grpo import checkpoints
+from hpc_grpo import checkpoints, runs
 from hpc_grpo.engines import EngineCommand, Override
 from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_key_for
 from hpc_grpo.findings import Finding, error
@@ -123,7 +123,6 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     add("trainer.val_before_train", t.val_before_train, "train.val_before_train")
     add("trainer.save_freq", r.checkpoint.save_freq, "checkpoint.save_freq")
     add("trainer.max_actor_ckpt_to_keep", None, "engine: hpc-grpo prunes (checkpoint.keep_last and friends)")
-    add("trainer.resume_mode", "auto", "engine")
     add("trainer.default_local_dir", str(checkpoint_dir(spec)), "run directory")
     # verl's file logger writes each step's metrics (val-core/... included) for keep_best; the prune poller copies
     # them into RUN_DIR/metrics.jsonl, since verl rewrites the file from scratch at every restart.
@@ -133,10 +132,25 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     cpus = spec.cluster.cpus_per_node if r.resources.cpus_per_task is None else r.resources.cpus_per_task
     add("ray_kwargs.ray_init.num_cpus", cpus, "resources.cpus_per_task")
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
-    add(f"{env}.WANDB_RUN_ID", spec.run_name, "run name")
+    add(f"{env}.WANDB_RUN_ID", runs.wandb_run_id(spec.path), "run directory")
     add(f"{env}.WANDB_RESUME", "allow", "engine")
     add(f"{env}.VERL_FILE_LOGGER_PATH", f"{spec.run_dir}/verl_metrics.jsonl", "engine: metrics for prune's keep_best")
     return out
+
+
+# Set at every job start by hpc_grpo.job.prepare_resume, never rendered: verl's `auto` crashes on an empty
+# tracker and silently restarts from step 0 on a missing one, so the job names the checkpoint itself.
+RESUME_KEYS = ("trainer.resume_mode", "trainer.resume_from_path")
+RESUME_SOURCE = "resume preparation at job start (hpc-grpo resume)"
+
+
+def resume_overrides(step_folder: Path | None) -> list[str]:
+    """The overrides that point verl at one global_step_N folder, or start it fresh (never `auto`)."""
+    if step_folder is None:
+        return ["trainer.resume_mode=disable"]
+    if not Path(step_folder).name.startswith("global_step_"):
+        raise ValueError(f"{step_folder} is not a global_step_N folder (verl's resume_path needs one)")
+    return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={format_value(str(step_folder))}"]
 
 
 class VerlEngine:
@@ -151,7 +165,7 @@ class VerlEngine:
             argv=[*ENTRY, "--config-name", name, *overrides],
             config_name=name,
             overrides=overrides,
-            env={"WANDB_RUN_ID": spec.run_name, "WANDB_RESUME": "allow"},
+            env={"WANDB_RUN_ID": runs.wandb_run_id(spec.path), "WANDB_RESUME": "allow"},
         )
 
     def check(self, spec: RunSpec) -> list[Finding]:
@@ -162,7 +176,7 @@ class VerlEngine:
             findings.append(error("grpo.reward", "verl's built-in GSM8K reward is the strict scorer with format score 0",
                                   "use grpo.reward=gsm8k_strict grpo.format_score=0, or a custom reward function "
                                   "(passthrough custom_reward_function.path=...)"))
-        owned = {o.key: o.source for o in modelled_overrides(spec)}
+        owned = {o.key: o.source for o in modelled_overrides(spec)} | dict.fromkeys(RESUME_KEYS, RESUME_SOURCE)
         for key in spec.recipe.passthrough:
             pkey = f"passthrough.{key}"
             real = real_key_for(key)

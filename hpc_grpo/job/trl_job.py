@@ -2,8 +2,8 @@
 
 Everything it needs is in the run directory (the frozen spec names model, data and settings), so a
 requeued job on another node carries on where the last one stopped: it resumes from the newest
-COMPLETE checkpoint (checked file by file, never "the newest folder"), moves incomplete ones aside,
-and drops metric lines of steps that will be trained again. Heavy imports (torch, transformers,
+COMPLETE checkpoint (checked file by file, never "the newest folder"), moves newer incomplete ones
+aside (hpc_grpo.job.prepare_resume, shared with verl), and drops metric lines of steps that will be trained again. Heavy imports (torch, transformers,
 trl, peft, datasets) happen inside main(), so importing this module stays cheap.
 
 Files it writes in RUN_DIR: checkpoints/checkpoint-N/ (trl), metrics.jsonl (one line per step),
@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo import checkpoints as ck
+from hpc_grpo import runs
 from hpc_grpo.checkpoints import Checkpoint
 from hpc_grpo.engines.trl import checkpoint_dir, grpo_config_kwargs, lora_config_kwargs
+from hpc_grpo.job import disk, prepare_resume
 from hpc_grpo.prune import job_prune
-from hpc_grpo.runs import checkpoint_lock
 from hpc_grpo.spec import RunSpec
 
 METRICS_FILE = "metrics.jsonl"
@@ -110,30 +111,13 @@ def trim_metrics(path: Path, resume_step: int) -> int:
     return dropped
 
 
-def quarantine_incomplete(run_dir: Path) -> list[Path]:
-    """Move incomplete checkpoint-N folders to RUN_DIR/checkpoints-incomplete/ (never delete them).
-
-    Left in place, trl's rotation (by mtime) would count a half-written folder as one of the
-    checkpoints to keep and delete a complete one instead; and a resave of the same step would
-    write over it. Moving keeps the evidence for a post-mortem.
-    """
-    moved: list[Path] = []
-    for ckpt in ck.list_checkpoints(run_dir, "trl"):
-        if ckpt.complete or ckpt.path.is_symlink():
-            continue
-        target = ck.quarantine(run_dir, ckpt)
-        log(f"moved incomplete {ckpt.path.name} ({ckpt.reason}) to {target}")
-        moved.append(target)
-    return moved
-
-
 def wandb_env(spec: RunSpec) -> dict[str, str]:
     """Environment for W&B when it is a logger: one W&B run per hpc-grpo run across requeues,
     its files inside the run directory. Empty when W&B is not used."""
     if "wandb" not in spec.recipe.logging.logger:
         return {}
     return {
-        "WANDB_RUN_ID": spec.run_name,
+        "WANDB_RUN_ID": runs.wandb_run_id(spec.path),
         "WANDB_RESUME": "allow",
         "WANDB_DIR": spec.run_dir,
         "WANDB_PROJECT": spec.recipe.logging.project,
@@ -304,11 +288,13 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
 
     # Where to start is decided from disk first, before any heavy import: a requeue of a finished
-    # run ends here in a second.
-    with checkpoint_lock(run_dir):  # no prune or save of another process interleaves
-        quarantine_incomplete(run_dir)
-        resume: Checkpoint | None = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
-    job_prune(run_dir, "job start", log)  # after resume preparation: retention holds across requeues
+    # run ends here in a second. One path for both engines (hpc_grpo.job.prepare_resume): newer
+    # incomplete checkpoints are quarantined, the decision goes into history.jsonl.
+    prepared = prepare_resume.prepare_and_record(run_dir, "trl")
+    for old, new, why in prepared.quarantined:
+        log(f"moved incomplete {Path(old).name} ({why}) to {new}")
+    resume: Checkpoint | None = prepared.checkpoint
+    job_prune(run_dir, "job start", log, grace_s=0)  # after resume preparation: retention holds across requeues
     resume_step = resume.step if resume else 0
     if resume:
         log(f"resuming from {resume.path} (step {resume.step})")
@@ -366,7 +352,14 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     lock_saves(trainer, run_dir)
     trainer.add_callback(prune_callback(run_dir))
     log("trainer ready: training")
-    result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
+    try:
+        result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
+    except Exception as exc:
+        if not disk.is_disk_full(run_dir, exc):
+            raise
+        message = disk.explain(run_dir, spec.run_name, "trl")
+        disk.report(run_dir, message)  # releases the reserve first: room for this message in the log and history
+        raise JobError(message) from exc
 
     runtime = float(result.metrics.get("train_runtime", 0.0))
     final = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
@@ -379,7 +372,7 @@ def lock_saves(trainer: Any, run_dir: Path) -> None:
     save = trainer._save_checkpoint
 
     def locked_save(*args: Any, **kwargs: Any) -> Any:
-        with checkpoint_lock(run_dir):
+        with runs.checkpoint_lock(run_dir, timeout_s=86400):  # a save waits out any prune, never fails on it
             return save(*args, **kwargs)
 
     trainer._save_checkpoint = locked_save
@@ -393,7 +386,7 @@ def prune_callback(run_dir: Path) -> Any:
     class PruneCallback(TrainerCallback):
         def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if state.is_world_process_zero:
-                job_prune(run_dir, f"after save of step {state.global_step}", log)
+                job_prune(run_dir, f"after save of step {state.global_step}", log, grace_s=0)
 
     return PruneCallback()
 
@@ -425,7 +418,7 @@ def finish(spec: RunSpec, step: int, max_steps: int | None, final: Checkpoint | 
         "train_runtime_s": round(runtime, 3),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    job_prune(Path(spec.run_dir), "run end", log)
+    job_prune(Path(spec.run_dir), "run end", log, grace_s=0)
     write_json_atomic(Path(spec.run_dir) / DONE_FILE, done)
     log(f"done: step {step}, last checkpoint {done['last_checkpoint']}, {done['wall_time_s']} s")
     return done

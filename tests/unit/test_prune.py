@@ -16,7 +16,7 @@ from hpc_grpo import prune
 from hpc_grpo.engines import get_engine
 from hpc_grpo.engines.trl import grpo_config_kwargs
 from hpc_grpo.resolve import resolve_spec
-from hpc_grpo.runs import LockTimeout, checkpoint_lock
+from hpc_grpo.runs import checkpoint_lock
 from hpc_grpo.spec import Checkpoint as CkptCfg
 from hpc_grpo.yamlio import SpecError, dump_yaml
 from tests.prune_trees import set_mtime, trl_checkpoint, verl_fsdp_checkpoint
@@ -77,7 +77,7 @@ def test_a_second_prune_waits_for_the_lock(tmp_path: Path) -> None:
     t.start()
     held.wait(5)
     try:
-        with pytest.raises(LockTimeout, match="held by another process"):
+        with pytest.raises(TimeoutError, match="is held by"):
             prune.prune_run(run, "trl", prune.Policy(keep_last=1, grace_s=0), lock_timeout_s=0.3)
         assert sorted(s for s, _ in prune.candidates(run, "trl")) == [1, 2, 3]  # nothing removed meanwhile
     finally:

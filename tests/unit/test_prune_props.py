@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from hpc_grpo import checkpoints as ck
 from hpc_grpo import prune
+from hpc_grpo.runs import CHECKPOINT_LOCK
 from tests.prune_trees import MAKERS, set_mtime, snapshot
 
 NOW = time.time()
@@ -122,7 +123,7 @@ def test_prune_keeps_exactly_the_policy(t: dict, dry: bool) -> None:
         left = {s for s, _ in prune.candidates(run, engine)}
         if dry:
             after = snapshot(root / "run")
-            after.pop(".checkpoint.lock")  # the lock file is the one thing a dry run may create
+            after.pop(CHECKPOINT_LOCK)  # the lock file is the one thing a dry run may create
             assert after == before_run  # --dry-run changes nothing
         else:
             assert protected <= left, f"protected steps {sorted(protected - left)} were removed"

@@ -24,7 +24,8 @@ from hpc_grpo import checkpoints as ck
 from hpc_grpo.engines.trl import checkpoint_dir
 from hpc_grpo.resolve import resolve_spec
 from hpc_grpo.spec import RunSpec
-from hpc_grpo.job.trl_job import INCOMPLETE_DIR, prompt_lengths, quarantine_incomplete, target_steps, trim_metrics
+from hpc_grpo.job.prepare_resume import prepare
+from hpc_grpo.job.trl_job import INCOMPLETE_DIR, prompt_lengths, target_steps, trim_metrics
 from hpc_grpo.yamlio import dump_yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,7 +82,7 @@ def make_run(work: dict[str, Path], name: str, *extra: str) -> RunSpec:
             f"train.total_training_steps={STEPS}",
             f"checkpoint.save_freq={SAVE_FREQ}",
             f"checkpoint.keep={KEEP}",
-            "checkpoint.grace_s=0",  # hpc-grpo prunes in the job; a 1-minute run is all inside the default grace
+
             "grpo.entropy_coeff=0.01",
             *extra,
         ],
@@ -246,7 +247,7 @@ def test_quarantine_moves_only_incomplete(tmp_path: Path) -> None:
     ckpts = tmp_path / "checkpoints"
     fake_checkpoint(ckpts, 2)
     fake_checkpoint(ckpts, 4, skip=("optimizer.pt",))
-    moved = quarantine_incomplete(tmp_path)
+    moved = [Path(new) for _old, new, _why in prepare(tmp_path, "trl").quarantined]
     assert [p.parent for p in moved] == [tmp_path / INCOMPLETE_DIR] and moved[0].name.startswith("checkpoint-4.")
     assert (moved[0] / "trainer_state.json").is_file()  # moved, not deleted
     assert [c.step for c in ck.list_checkpoints(tmp_path, "trl")] == [2]
