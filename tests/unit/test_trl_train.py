@@ -82,7 +82,6 @@ def make_run(work: dict[str, Path], name: str, *extra: str) -> RunSpec:
             f"train.total_training_steps={STEPS}",
             f"checkpoint.save_freq={SAVE_FREQ}",
             f"checkpoint.keep={KEEP}",
-
             "grpo.entropy_coeff=0.01",
             *extra,
         ],
