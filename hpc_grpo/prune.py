@@ -265,7 +265,7 @@ def logged_metrics(run_dir: Path, engine: str) -> dict[int, dict[str, float]]:
     """step -> {metric: value} from every record hpc-grpo knows, later sources winning:
     RUN_DIR/metrics.jsonl (flat lines, or verl's file-logger lines {"step", "data"}), trl's
     trainer_state.json log_history (newest checkpoint that has one), and RUN_DIR/eval/step_N.json
-    (numeric leaves as eval/<path>, e.g. eval/gsm8k/strict)."""
+    (numeric leaves of its "metrics" object, else of the whole file, as eval/<path>: eval/gsm8k/strict_match)."""
     run_dir = Path(run_dir)
     out: dict[int, dict[str, float]] = {}
 
@@ -308,7 +308,9 @@ def logged_metrics(run_dir: Path, engine: str) -> dict[int, dict[str, float]]:
             except (OSError, ValueError):
                 continue
             flat: dict[str, float] = {}
-            _flatten("eval", data, flat)
+            # evaluation's files keep their scores under "metrics" (eval/gsm8k/strict_match); other numbers too
+            scores = data.get("metrics") if isinstance(data, dict) and isinstance(data.get("metrics"), dict) else data
+            _flatten("eval", scores, flat)
             flat.pop("eval/step", None)
             out.setdefault(int(name[5:-5]), {}).update(flat)
     return out

@@ -156,11 +156,13 @@ def test_keep_best_reads_verl_trl_and_eval_records(tmp_path: Path) -> None:
         + json.dumps({"step": 20, "data": {"val-core/openai/gsm8k/reward/mean@1": 0.55}}) + "\n"
         + json.dumps({"step": 30, "data": {"val-core/openai/gsm8k/reward/mean@1": 0.41}}) + "\n")
     (run / "eval").mkdir()
-    (run / "eval" / "step_30.json").write_text(json.dumps({"step": 30, "gsm8k": {"strict": 0.6}}))
+    (run / "eval" / "step_30.json").write_text(json.dumps({"step": 30, "metrics": {"gsm8k/strict_match": 0.6},
+                                                           "samples": [{"score": 1.0}]}))
+    (run / "eval" / "step_20.json").write_text(json.dumps({"gsm8k": {"strict_match": 0.5}}))
     logged = prune.logged_metrics(run, "verl")
     assert prune.metric_per_checkpoint(logged, [10, 20, 30], "val-core/*/reward/mean@1") == {10: 0.30, 20: 0.55,
                                                                                               30: 0.41}
-    assert prune.metric_per_checkpoint(logged, [10, 20, 30], "eval/gsm8k/strict") == {30: 0.6}
+    assert prune.metric_per_checkpoint(logged, [10, 20, 30], "eval/gsm8k/strict_match") == {20: 0.5, 30: 0.6}
     ckpts = run / "checkpoints"
     for s in (10, 20, 30, 40):
         set_mtime(verl_fsdp_checkpoint(ckpts, s), OLD + s)
