@@ -25,7 +25,7 @@ from pathlib import Path
 
 from hpc_grpo.findings import Finding, Severity, error, info, warning
 from hpc_grpo.models import ModelShape
-from hpc_grpo.plan import checkpoint_gib as plan_checkpoint_gib
+from hpc_grpo.plan import check_disk
 from hpc_grpo.spec import RunSpec
 
 Make = Callable[[str, str, str], Finding]
@@ -174,13 +174,7 @@ def check_runs_root(spec: RunSpec, shape: ModelShape | None, make: Make) -> list
     if not os.access(existing, os.W_OK | os.X_OK):
         verb = "is not writable" if existing == root else f"cannot be created ({existing} is not writable)"
         return [make("cluster.runs_root", f"runs root {root} {verb}", "set cluster.runs_root to a folder you can write")]
-    size = plan_checkpoint_gib(spec, shape)
-    need = r.checkpoint.disk_gb or (size * (r.checkpoint.keep + 1) if size is not None else None)
-    if need is not None:
-        free = shutil.disk_usage(existing).free / 2**30
-        msg = f"{r.checkpoint.keep} kept + 1 being written need ~{need:.1f} GiB; {existing} has {free:.0f} GiB free"
-        out.append(make("checkpoint.keep", msg, "lower checkpoint.keep, use LoRA, or a runs root on a bigger "
-                        "filesystem") if need > free else info("checkpoint.keep", msg))
+    out += check_disk(spec, shape, existing, make)
     if r.resources.nodes > 1:
         shared = c.shared_path_list()
         if _under(root, shared):

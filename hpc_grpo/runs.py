@@ -194,3 +194,4 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
     history = [e for e in read_history(run_dir) if e.purpose not in EVENTS]
     return {"name": run_dir.name, "path": str(run_dir), "jobs": [e.job_id for e in history],
             "last_purpose": history[-1].purpose if history else None}
+

@@ -9,7 +9,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
-GSM8K_DIR = SHARED / "data" / "gsm8k"
+# HPC_GRPO_GSM8K_DIR: where a checkout does not sit beside shared/ (a git worktree).
+GSM8K_DIR = Path(os.environ.get("HPC_GRPO_GSM8K_DIR", SHARED / "data" / "gsm8k"))
 
 
 @pytest.fixture

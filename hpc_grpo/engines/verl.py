@@ -156,9 +156,11 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     add("trainer.test_freq", t.test_freq, "train.test_freq")
     add("trainer.val_before_train", t.val_before_train, "train.val_before_train")
     add("trainer.save_freq", r.checkpoint.save_freq, "checkpoint.save_freq")
-    add("trainer.max_actor_ckpt_to_keep", r.checkpoint.keep, "checkpoint.keep")
+    add("trainer.max_actor_ckpt_to_keep", None, "engine: hpc-grpo prunes (checkpoint.keep_last and friends)")
     add("trainer.default_local_dir", str(checkpoint_dir(spec)), "run directory")
-    add("trainer.logger", list(r.logging.logger), "logging.logger")
+    # verl's file logger writes each step's metrics (val-core/... included) for keep_best; the prune poller copies
+    # them into RUN_DIR/metrics.jsonl, since verl rewrites the file from scratch at every restart.
+    add("trainer.logger", [*r.logging.logger, "file"], "logging.logger")
     add("trainer.project_name", r.logging.project, "logging.project")
     add("trainer.experiment_name", r.logging.experiment or spec.run_name, "logging.experiment")
     if r.grpo.reward == "code_exec":
@@ -172,6 +174,7 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     add(f"{env}.WANDB_RUN_ID", runs.wandb_run_id(spec.path), "run directory")
     add(f"{env}.WANDB_RESUME", "allow", "engine")
+    add(f"{env}.VERL_FILE_LOGGER_PATH", f"{spec.run_dir}/verl_metrics.jsonl", "engine: metrics for prune's keep_best")
     return out
 
 

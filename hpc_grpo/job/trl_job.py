@@ -29,6 +29,7 @@ from hpc_grpo import runs
 from hpc_grpo.checkpoints import Checkpoint
 from hpc_grpo.engines.trl import checkpoint_dir, grpo_config_kwargs, lora_config_kwargs
 from hpc_grpo.job import disk, prepare_resume
+from hpc_grpo.prune import job_prune
 from hpc_grpo.spec import RunSpec
 
 METRICS_FILE = "metrics.jsonl"
@@ -306,6 +307,7 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     for old, new, why in prepared.quarantined:
         log(f"moved incomplete {Path(old).name} ({why}) to {new}")
     resume: Checkpoint | None = prepared.checkpoint
+    job_prune(run_dir, "job start", log, grace_s=0)  # after resume preparation: retention holds across requeues
     resume_step = resume.step if resume else 0
     if resume:
         log(f"resuming from {resume.path} (step {resume.step})")
@@ -366,6 +368,8 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     )
     trainer.remove_callback(PrinterCallback)  # prints every raw log dict; ours prints one line per step
     trainer.add_callback(metrics_callback(run_dir / METRICS_FILE, config.max_steps))
+    lock_saves(trainer, run_dir)
+    trainer.add_callback(prune_callback(run_dir))
     log("trainer ready: training")
     try:
         result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
@@ -379,6 +383,31 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     runtime = float(result.metrics.get("train_runtime", 0.0))
     final = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
     return finish(spec, trainer.state.global_step, trainer.state.max_steps, final, resume, t0, runtime)
+
+
+def lock_saves(trainer: Any, run_dir: Path) -> None:
+    """Each save holds the run's checkpoint lock, so a prune (in this job or from a login node) never sees a
+    half-written folder as anything but "being written". Wraps transformers' Trainer._save_checkpoint."""
+    save = trainer._save_checkpoint
+
+    def locked_save(*args: Any, **kwargs: Any) -> Any:
+        with runs.checkpoint_lock(run_dir, timeout_s=86400):  # a save waits out any prune, never fails on it
+            return save(*args, **kwargs)
+
+    trainer._save_checkpoint = locked_save
+
+
+def prune_callback(run_dir: Path) -> Any:
+    """A TrainerCallback applying the retention policy after every save (hpc-grpo owns retention:
+    save_total_limit is off, since trl's rotation, like verl's, knows nothing of milestones or leases)."""
+    from transformers import TrainerCallback
+
+    class PruneCallback(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.is_world_process_zero:
+                job_prune(run_dir, f"after save of step {state.global_step}", log, grace_s=0)
+
+    return PruneCallback()
 
 
 def target_steps(max_steps: int, resume: Checkpoint | None) -> int | None:
@@ -408,6 +437,7 @@ def finish(spec: RunSpec, step: int, max_steps: int | None, final: Checkpoint | 
         "train_runtime_s": round(runtime, 3),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    job_prune(Path(spec.run_dir), "run end", log, grace_s=0)
     write_json_atomic(Path(spec.run_dir) / DONE_FILE, done)
     log(f"done: step {step}, last checkpoint {done['last_checkpoint']}, {done['wall_time_s']} s")
     return done

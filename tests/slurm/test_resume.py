@@ -36,7 +36,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     model = ensure_tiny_model(e.root / "models" / "tiny-qwen2")  # once: the jobs below must not race to build it
     e.tiny = ["recipe=tiny-gsm8k", f"data.train_files={data.trl_train}", f"data.val_files={data.trl_test}",
               f"model.path={model}", f"train.total_training_steps={STEPS}", f"checkpoint.save_freq={SAVE}",
-              "checkpoint.keep=10"]
+              "checkpoint.keep_last=10"]
     return e
 
 
@@ -154,7 +154,7 @@ def test_disk_full_during_a_save_then_resume(env: Env, small_tmpfs: Path) -> Non
     # keep=2 (the recipe's): plan's disk check passes (it estimates 3 x 0.2 MB for the tiny model's LoRA), the
     # real checkpoints (adapter, Adam state, tokenizer files) are larger: the disk fills during a save anyway.
     tiny = [o for o in env.tiny if not o.startswith(("checkpoint.", "train.total_training_steps"))]
-    tiny += ["checkpoint.save_freq=1", "checkpoint.keep=2", f"train.total_training_steps={DISK_STEPS}"]
+    tiny += ["checkpoint.save_freq=1", "checkpoint.keep_last=2", f"train.total_training_steps={DISK_STEPS}"]
     proc = env.cli("submit", "cluster=local", f"cluster.runs_root={small_tmpfs}", *tiny, "--name", name, "--wait",
                    timeout=TRAIN_DEADLINE_S)
     run = small_tmpfs / name

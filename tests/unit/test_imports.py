@@ -69,6 +69,17 @@ def test_status_with_monitor_and_logs_import_nothing_heavy(tmp_path) -> None:
         assert not mods & set(HEAVY), (argv, mods & set(HEAVY))
 
 
+def test_prune_imports_nothing_heavy(tmp_path) -> None:
+    mods = loaded("prune-ckpts", str(tmp_path / "no-such-run"), "--dry-run", "--json")
+    assert "hpc_grpo" in mods
+    assert not mods & set(HEAVY), mods & set(HEAVY)
+    import hpc_grpo.prune  # noqa: F401  (the module itself: the CLI path above may stop at locating the run)
+
+    probe = "import sys, hpc_grpo.prune, hpc_grpo.job.prune_poller; print(sorted({m.split('.')[0] for m in sys.modules}))"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert not set(eval(proc.stdout)) & set(HEAVY), proc.stdout
+
+
 def test_resume_planning_imports_nothing_heavy(tmp_path) -> None:
     """`resume` decides (live job, finished run, overrides, newest checkpoint) before anything heavy loads."""
     from hpc_grpo.render import render_all, write_files

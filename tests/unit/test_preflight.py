@@ -162,20 +162,20 @@ def test_runs_root_under_a_file_is_refused(isolated) -> None:
 def test_no_room_for_the_kept_checkpoints(isolated) -> None:
     spec = tiny_spec(isolated, "checkpoint.disk_gb=1e9")
     found = preflight.check_runs_root(spec, None, make)
-    assert keys(found) == ["checkpoint.keep"] and "1000000000.0 GiB" in found[0].message
+    assert keys(found) == ["checkpoint.keep_last"] and "~1000000000.0 GiB" in found[0].message
 
 
 def test_sizing_uses_the_shape_with_kept_plus_one(isolated) -> None:
     from hpc_grpo.models import resolve_shape
 
-    spec = resolve_spec("qwen2.5-7b-codegen", "a100-ib", ["checkpoint.keep=2", f"cluster.runs_root={isolated}"],
+    spec = resolve_spec("qwen2.5-7b-codegen", "a100-ib", ["checkpoint.keep_last=2", f"cluster.runs_root={isolated}"],
                         run_name="t")
     shape = resolve_shape(spec.recipe.model.path)
     from hpc_grpo.plan import checkpoint_gib
 
     one = checkpoint_gib(spec, shape)
     assert one and one > 50  # full fine-tuning of 7.6B parameters: weights + Adam
-    (f,) = [f for f in preflight.check_runs_root(spec, shape, make) if f.key == "checkpoint.keep"]
+    (f,) = [f for f in preflight.check_runs_root(spec, shape, make) if f.key == "checkpoint.keep_last"]
     assert f"~{one * 3:.1f} GiB" in f.message
 
 

@@ -29,7 +29,7 @@ from hpc_grpo.job.trl_job import INCOMPLETE_DIR, prompt_lengths, target_steps, t
 from hpc_grpo.yamlio import dump_yaml
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_GSM8K = REPO.parent / "shared/data/gsm8k"
+from tests.conftest import GSM8K_DIR as SHARED_GSM8K  # noqa: E402
 STEPS, SAVE_FREQ, KEEP = 8, 2, 2
 KILL_AFTER = 4
 JOB_TIMEOUT_S = 240
@@ -81,7 +81,7 @@ def make_run(work: dict[str, Path], name: str, *extra: str) -> RunSpec:
             f"data.val_files={work['test']}",
             f"train.total_training_steps={STEPS}",
             f"checkpoint.save_freq={SAVE_FREQ}",
-            f"checkpoint.keep={KEEP}",
+            f"checkpoint.keep_last={KEEP}",
             "grpo.entropy_coeff=0.01",
             *extra,
         ],
@@ -128,7 +128,7 @@ def run_a(work: dict[str, Path]) -> RunSpec:
 # --------------------------------------------------------------------------------------- the tests
 def test_run_writes_checkpoints_metrics_and_done(run_a: RunSpec) -> None:
     ckpts = ck.list_checkpoints(run_a.path, "trl")
-    assert [(c.step, c.complete) for c in ckpts] == [(6, True), (8, True)], ckpts  # keep=2 pruned 2 and 4
+    assert [(c.step, c.complete) for c in ckpts] == [(6, True), (8, True)], ckpts  # keep=2: the in-job prune removed 2 and 4
 
     rows = metrics(run_a)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))

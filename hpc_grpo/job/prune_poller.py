@@ -1,0 +1,103 @@
+"""Retention beside verl's driver: `python -m hpc_grpo.job.prune_poller --run-dir RUN_DIR [--once]`.
+
+verl has no save hook, and its own `max_actor_ckpt_to_keep` is off (it forgets checkpoints saved
+before a restart and deletes only actor/). So the launch script runs this poller on node 0 next to
+the driver: it watches the checkpoint folder (entry names and the tracker), applies the run's
+policy when a save has landed, and copies verl's file-logger lines (validation metrics for
+keep_best) into RUN_DIR/metrics.jsonl, which verl itself rewrites from scratch at every restart.
+It exits when the stop file appears or its parent (the launch script) is gone. `--once` prunes
+once and exits (job start after resume preparation, and the run's end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+from pathlib import Path
+
+from hpc_grpo import checkpoints as ck
+from hpc_grpo.prune import METRICS_FILE, job_prune
+
+VERL_LOG = "verl_metrics.jsonl"  # VERL_FILE_LOGGER_PATH, set by the rendered command
+
+
+def log(message: str) -> None:
+    print(f"hpc-grpo: [{time.time():.3f}] {message}", flush=True)
+
+
+def folder_state(run_dir: Path) -> tuple:
+    """What changes when a save lands: the entries of the checkpoint folder and the tracker's text."""
+    folder = ck.checkpoint_dir(run_dir)
+    try:
+        names = tuple(sorted(os.listdir(folder)))
+    except OSError:
+        names = ()
+    try:
+        tracker = (folder / ck.TRACKER).read_text(encoding="utf-8")
+    except OSError:
+        tracker = ""
+    return names, tracker
+
+
+def merge_metrics(src: Path, dst: Path, seen: set[bytes]) -> int:
+    """Append lines of verl's file logger ({"step", "data"}) not yet in dst; returns how many."""
+    try:
+        lines = [line for line in src.read_bytes().splitlines() if line.strip()]
+    except OSError:
+        return 0
+    new = []
+    for line in lines:
+        key = hashlib.sha1(line).digest()
+        if key not in seen and line.endswith(b"}"):  # a line verl is still writing has no closing brace yet
+            seen.add(key)
+            new.append(line)
+    if new:
+        with dst.open("ab") as fh:
+            fh.write(b"".join(line + b"\n" for line in new))
+    return len(new)
+
+
+def seen_lines(dst: Path) -> set[bytes]:
+    try:
+        return {hashlib.sha1(line).digest() for line in dst.read_bytes().splitlines() if line.strip()}
+    except OSError:
+        return set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hpc_grpo.job.prune_poller", description=__doc__.split("\n")[0])
+    p.add_argument("--run-dir", required=True, type=Path)
+    p.add_argument("--once", action="store_true", help="prune once and exit")
+    p.add_argument("--interval", type=float, default=20.0, help="seconds between looks at the folder")
+    p.add_argument("--stop-file", type=Path, help="exit when this file exists")
+    p.add_argument("--verl-log", type=Path, help="verl's file-logger output to copy into metrics.jsonl")
+    p.add_argument("--when", default="job start", help="label for the log line (--once)")
+    args = p.parse_args(argv)
+    run_dir = args.run_dir
+    dst = run_dir / METRICS_FILE
+    seen = seen_lines(dst)
+    if args.once:
+        if args.verl_log:
+            merge_metrics(args.verl_log, dst, seen)
+        job_prune(run_dir, args.when, log)
+        return 0
+    parent = os.getppid()
+    last = folder_state(run_dir)
+    log(f"prune poller watching {ck.checkpoint_dir(run_dir)} every {args.interval:g}s")
+    while True:
+        if args.stop_file and args.stop_file.exists() or os.getppid() != parent:
+            return 0
+        if args.verl_log:
+            merge_metrics(args.verl_log, dst, seen)
+        state = folder_state(run_dir)
+        if state != last:
+            job_prune(run_dir, "after a save", log)
+            last = folder_state(run_dir)  # its own removals are not a new save
+        time.sleep(args.interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
