@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment in .venv. Idempotent.
-#   bash tools/setup-env.sh          # the local engine: torch, transformers, peft, trl (CPU or one GPU node)
+#   bash tools/setup-env.sh          # the local engine: torch, transformers, peft, trl (CPU or one GPU node),
+#                                    # lm-eval for the GSM8K evaluation, matplotlib for `hpc-grpo report`
 #   bash tools/setup-env.sh dev      # + test tools, ray, and verl's config files for schema checks
 # On a machine without an NVIDIA GPU, torch 2.13.0's CPU build is installed first: anything that asks for plain
 # `torch` otherwise downloads a CUDA build of several GB.
@@ -20,9 +21,9 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
   "${pip[@]}" "torch==2.13.0"
 fi
 
-extras="local"
+extras="local,eval,report"
 if [ "${1:-}" = "dev" ]; then
-  extras="local,dev,verl-schema"
+  extras="local,eval,report,dev,verl-schema"
 fi
 echo "hpc-grpo: installing hpc-grpo[$extras]"
 "${pip[@]}" -e "${root}[${extras}]"
