@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo import checkpoints as ck
 from hpc_grpo import registry, render, runs
 from hpc_grpo.resolve import load_frozen, load_raw
 from hpc_grpo.spec import Cluster, RunSpec
@@ -75,13 +76,8 @@ class RunStatus:
                 "complete_checkpoints": self.complete_checkpoints, "time_used_s": self.time_used_s, "logs": self.logs}
 
 
-def checkpoints(spec: RunSpec) -> list[Any]:
-    ckpt_dir = spec.path / "checkpoints"
-    if spec.recipe.engine == "verl":
-        from hpc_grpo.engines.verl import list_checkpoints
-    else:
-        from hpc_grpo.engines.trl import list_checkpoints
-    return list_checkpoints(ckpt_dir)
+def checkpoints(spec: RunSpec) -> list[ck.Checkpoint]:
+    return ck.list_checkpoints(spec.path, spec.recipe.engine)
 
 
 def last_step(spec: RunSpec) -> int | None:
@@ -94,10 +90,7 @@ def last_step(spec: RunSpec) -> int | None:
                 return int(json.loads(lines[-1]).get("step"))
             except (ValueError, TypeError):
                 pass
-    tracker = spec.path / "checkpoints" / "latest_checkpointed_iteration.txt"
-    if tracker.is_file() and tracker.read_text().strip().isdigit():
-        return int(tracker.read_text().strip())
-    return None
+    return ck.tracker_step(spec.path)
 
 
 def run_status(run_dir: Path) -> RunStatus:
