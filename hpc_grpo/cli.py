@@ -468,6 +468,49 @@ def report(
         out.print(line)
     path = report_mod.draw(rep, png or run_dir / "report.png")
     out.print(f"Figure: {path}")
+@app.command("prune-ckpts")
+def prune_ckpts(
+    run: Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")] = None,
+    all_runs: Annotated[bool, typer.Option("--all", help="every run under every runs root")] = False,
+    keep_last: Annotated[Optional[int], typer.Option(min=1, help="newest complete checkpoints to keep")] = None,
+    keep_every: Annotated[Optional[int], typer.Option(min=1, help="also keep steps that are multiples of M")] = None,
+    keep_best: Annotated[Optional[str], typer.Option(help="METRIC[:max|min]: also keep the best checkpoint")] = None,
+    max_bytes: Annotated[Optional[str], typer.Option(help="cap on kept checkpoints + exports, e.g. 200G")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="show the verdicts, change nothing")] = False,
+    as_json: JsonT = False,
+) -> None:
+    """Apply the retention policy (the recipe's checkpoint section, overridden by options) to a run's checkpoints."""
+    from hpc_grpo.prune import cli_prune
+
+    results = cli_prune(run, all_runs, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best,
+                        max_bytes=max_bytes, dry_run=dry_run)
+    if as_json:
+        print_json([r.as_dict() for r in results] if all_runs else results[0].as_dict())
+    else:
+        for r in results:
+            print_prune(r)
+    if any(r.errors for r in results):
+        raise typer.Exit(1)
+
+
+def print_prune(result: Any) -> None:
+    from hpc_grpo.prune import fmt_bytes
+
+    t = Table(title=f"{result.run_dir.name}: checkpoints ({result.engine})" + (" [dry run]" if result.dry_run else ""))
+    for col in ("step", "size", "complete", "verdict", "because"):
+        t.add_column(col, overflow="fold", justify="right" if col in ("step", "size") else "left")
+    for v in [*result.verdicts, *result.quarantine]:
+        step = str(v.step) if v.step >= 0 else v.path.name
+        size = fmt_bytes(v.size_bytes + v.export_bytes)
+        done = {True: "yes", False: "no", None: "-"}[v.complete]
+        verdict = "[green]keep[/]" if v.keep else ("[yellow]would remove[/]" if result.dry_run else "[red]removed[/]")
+        t.add_row(step, size, done, verdict, v.reason)
+    out.print(t)
+    for note in result.notes:
+        out.print(f"note: {note}")
+    for e in result.errors:
+        err.print(f"[bold red]error:[/] {e}")
+    out.print(f"{'would free' if result.dry_run else 'freed'} {fmt_bytes(result.freed_bytes)}")
 
 
 @data_app.command("gsm8k")

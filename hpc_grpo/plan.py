@@ -285,18 +285,18 @@ def checkpoint_gib(spec: RunSpec, shape: ModelShape | None) -> float | None:
 def check_disk(spec: RunSpec, shape: ModelShape | None) -> list[Finding]:
     r = spec.recipe
     size = checkpoint_gib(spec, shape)
-    need = r.checkpoint.disk_gb or (size * (r.checkpoint.keep + 1) if size else None)
+    need = r.checkpoint.disk_gb or (size * (r.checkpoint.keep_last + 1) if size else None)
     if need is None:
         return []
     root = Path(spec.run_dir)
     probe = next((p for p in (root, root.parent, root.parent.parent) if p.exists()), None)
     if probe is None:
-        return [info("checkpoint.keep", f"{r.checkpoint.keep} kept + 1 being written need ~{need:.0f} GiB; "
+        return [info("checkpoint.keep", f"{r.checkpoint.keep_last} kept + 1 being written need ~{need:.0f} GiB; "
                      f"{root.parent} is not visible here, so free space was not checked")]
     free = shutil.disk_usage(probe).free / 2**30
-    msg = f"{r.checkpoint.keep} kept + 1 being written need ~{need:.0f} GiB; {probe} has {free:.0f} GiB free"
+    msg = f"{r.checkpoint.keep_last} kept + 1 being written need ~{need:.0f} GiB; {probe} has {free:.0f} GiB free"
     if need > free:
-        return [error("checkpoint.keep", msg, "lower checkpoint.keep, enable LoRA, or use a bigger runs_root")]
+        return [error("checkpoint.keep", msg, "lower checkpoint.keep_last, enable LoRA, or use a bigger runs_root")]
     return [info("checkpoint.keep", msg)]
 
 

@@ -194,3 +194,36 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
     history = [e for e in read_history(run_dir) if e.purpose not in EVENTS]
     return {"name": run_dir.name, "path": str(run_dir), "jobs": [e.job_id for e in history],
             "last_purpose": history[-1].purpose if history else None}
+
+
+CHECKPOINT_LOCK = ".checkpoint.lock"
+
+
+class LockTimeout(RuntimeError):
+    """The run's checkpoint lock stayed taken longer than the caller would wait."""
+
+
+@contextmanager
+def checkpoint_lock(run_dir: Path, timeout_s: float | None = None) -> Iterator[None]:
+    """The one lock over a run's checkpoint folder: prune, resume preparation, saves and new reader leases.
+
+    flock on RUN_DIR/.checkpoint.lock (the kernel drops it when the holder dies, so a killed job cannot leave
+    it stuck). timeout_s None waits for ever; otherwise LockTimeout after that long.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / CHECKPOINT_LOCK, "a") as handle:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | (fcntl.LOCK_NB if deadline is not None else 0))
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:  # type: ignore[operator]
+                    raise LockTimeout(f"{run_dir / CHECKPOINT_LOCK} is held by another process "
+                                      f"(a prune, a save or resume preparation) for more than {timeout_s:.0f}s") from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hpc_grpo.yamlio import SpecError
 
@@ -213,12 +213,70 @@ class Rollout(Strict):
     layered_summon: bool = False
 
 
+SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)?\s*\Z", re.IGNORECASE)
+KEEP_BEST_RE = re.compile(r"^[^:\s]+(:(max|min))?\Z")
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from 123, "500M", "1.5T", "200GiB" (powers of 1024: disk tools and quotas count that way)."""
+    if isinstance(value, bool):
+        raise ValueError("is a boolean, not a size")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("must be > 0 bytes")
+        return value
+    m = SIZE_RE.match(str(value))
+    if not m:
+        raise ValueError("is not a size: use bytes or a number with K, M, G, T or P (e.g. 200G)")
+    unit = m.group(2).upper()
+    n = int(float(m.group(1)) * 1024 ** ("KMGTP".index(unit) + 1 if unit else 0))
+    if n <= 0:
+        raise ValueError("must be > 0 bytes")
+    return n
+
+
 class Checkpoint(Strict):
-    """How often to save and how many checkpoints to keep on disk."""
+    """How often to save, and the retention policy hpc-grpo applies (the engines' own limits are off).
+
+    `keep` is the old name of `keep_last` and still accepted. Kept: the `keep_last` newest complete
+    checkpoints, every step that is a multiple of `keep_every`, the best by `keep_best`; then the
+    oldest are dropped while the total (exports included) is over `max_bytes`. Never removed: the
+    newest complete one, verl's tracker step, one younger than `grace_s`, one a reader has leased.
+    """
 
     save_freq: int = Field(default=50, gt=0)
-    keep: int = Field(default=3, gt=0)
+    keep_last: int = Field(default=3, gt=0, description="newest complete checkpoints to keep")
+    keep_every: int | None = Field(default=None, gt=0, description="also keep steps that are multiples of this")
+    keep_best: str | None = Field(default=None, description="METRIC[:max|min]: also keep the best checkpoint")
+    max_bytes: int | None = Field(default=None, description="cap on kept checkpoints + exports (e.g. 200G)")
+    grace_s: int = Field(default=600, ge=0, description="never remove a checkpoint written this recently")
+    quarantine_days: float = Field(default=7.0, ge=0, description="delete checkpoints-incomplete/ entries after")
     disk_gb: float | None = Field(default=None, gt=0, description="free space to require")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_keep(cls, data: Any) -> Any:
+        """`keep: N` (recipes before retention) means keep_last N; both at once must agree."""
+        if isinstance(data, dict) and "keep" in data:
+            data = dict(data)
+            keep = data.pop("keep")
+            if "keep_last" in data and data["keep_last"] != keep:
+                raise ValueError(f"keep={keep!r} and keep_last={data['keep_last']!r} disagree: keep is the old "
+                                 "name of keep_last, set only keep_last")
+            data["keep_last"] = keep
+        return data
+
+    @field_validator("max_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return None if v is None else parse_size(v)
+
+    @field_validator("keep_best")
+    @classmethod
+    def _best(cls, v: str | None) -> str | None:
+        if v is not None and not KEEP_BEST_RE.match(v):
+            raise ValueError("use METRIC or METRIC:max or METRIC:min (e.g. val-core/openai/gsm8k/reward/mean@1:max)")
+        return v
 
 
 class Train(Strict):
@@ -484,8 +542,10 @@ ALIASES = {
     "parallel.pipeline_model_parallel_size": "parallel.pp",
     "parallel.expert_model_parallel_size": "parallel.ep",
     "parallel.context_parallel_size": "parallel.cp",
-    "checkpoint.max_actor_ckpt_to_keep": "checkpoint.keep",
-    "checkpoint.save_total_limit": "checkpoint.keep",
+    "checkpoint.max_actor_ckpt_to_keep": "checkpoint.keep_last",
+    "checkpoint.save_total_limit": "checkpoint.keep_last",
+    "checkpoint.keep_latest_k": "checkpoint.keep_last",
+    "checkpoint.max_mem": "checkpoint.max_bytes",
     "train.max_steps": "train.total_training_steps",
     "resources.n_gpus_per_node": "resources.gpus_per_node",
     "resources.nnodes": "resources.nodes",

@@ -149,7 +149,7 @@ def _owned(spec: RunSpec, use_cpu: bool) -> list[Override]:
     add("num_train_epochs", r.train.total_epochs, "train.total_epochs")
     add("save_strategy", "steps", "checkpoint.save_freq")
     add("save_steps", r.checkpoint.save_freq * lay.updates_per_step, "checkpoint.save_freq")
-    add("save_total_limit", r.checkpoint.keep, "checkpoint.keep")
+    add("save_total_limit", None, "engine: hpc-grpo prunes (checkpoint.keep_last and friends)")
     add("save_only_model", False, "engine: resume needs optimizer, scheduler and RNG state")
     add("logging_steps", 1, "engine: metrics.jsonl has one line per step")
     reporters = [x for x in r.logging.logger if x in ("wandb", "tensorboard")]

@@ -122,7 +122,7 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     add("trainer.test_freq", t.test_freq, "train.test_freq")
     add("trainer.val_before_train", t.val_before_train, "train.val_before_train")
     add("trainer.save_freq", r.checkpoint.save_freq, "checkpoint.save_freq")
-    add("trainer.max_actor_ckpt_to_keep", r.checkpoint.keep, "checkpoint.keep")
+    add("trainer.max_actor_ckpt_to_keep", None, "engine: hpc-grpo prunes (checkpoint.keep_last and friends)")
     add("trainer.default_local_dir", str(checkpoint_dir(spec)), "run directory")
     add("trainer.logger", list(r.logging.logger), "logging.logger")
     add("trainer.project_name", r.logging.project, "logging.project")
