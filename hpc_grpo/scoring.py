@@ -57,7 +57,7 @@ def write_task_dir(folder: Path, tasks: list[str], train_file: Path, test_file: 
     for path, what in ((train_file, "train"), (test_file, "test")):
         if not Path(path).is_file():
             raise FileNotFoundError(f"GSM8K {what} file {path} does not exist: set eval.{what}_file to a jsonl with "
-                                    "question/answer rows (e.g. ../shared/data/gsm8k/{what}.jsonl)")
+                                    f"question/answer rows (e.g. ../shared/data/gsm8k/{what}.jsonl)")
     folder.mkdir(parents=True, exist_ok=True)
     for task in tasks:
         (folder / f"{task}.yaml").write_text(task_yaml(task, Path(train_file), Path(test_file)))

@@ -5,7 +5,7 @@ For each chosen checkpoint: take a reader lease (prune leaves it alone), export 
 (cached), score it with lm-eval's gsm8k / gsm8k_cot on local files, compute verl's strict reward on the same
 generations, and write RUN/eval/step_N.json. The base model is scored once per model path and settings (cached
 under the runs root) and shown beside; GSM8K.md's published numbers where the model is known. With W&B among the
-run's loggers the scores go into the run's own W&B run (WANDB_RUN_ID = run name) as eval/gsm8k/*.
+run's loggers the scores go into the run's own W&B run (the id training used: runs.wandb_run_id) as eval/gsm8k/*.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo import evaluate, scoring
+from hpc_grpo import evaluate, runs, scoring
 from hpc_grpo.evaluate import EvalSettings
 from hpc_grpo.job.trl_job import write_json_atomic
 from hpc_grpo.spec import RunSpec
@@ -96,7 +96,7 @@ def base_model_path(spec: RunSpec) -> str:
 def evaluate_run(spec: RunSpec, steps: list[int], all_kept: bool, tasks: list[str] | None,
                  limit: int | None) -> list[Path]:
     from hpc_grpo import checkpoints, export
-    from hpc_grpo.leases import lease
+    from hpc_grpo.prune import lease  # prune leaves a leased checkpoint (and its export) alone
 
     settings = evaluate.settings_for(spec, tasks, limit)
     run_dir = spec.path
@@ -133,7 +133,7 @@ def evaluate_run(spec: RunSpec, steps: list[int], all_kept: bool, tasks: list[st
 
 
 def log_wandb(spec: RunSpec, result: dict[str, Any]) -> None:
-    """eval/gsm8k/* into the run's own W&B run (same id as training: WANDB_RUN_ID = run name)."""
+    """eval/gsm8k/* into the run's own W&B run (the same id training used, runs.wandb_run_id)."""
     if "wandb" not in spec.recipe.logging.logger:
         return
     from hpc_grpo.job.trl_job import wandb_env
@@ -141,7 +141,7 @@ def log_wandb(spec: RunSpec, result: dict[str, Any]) -> None:
     os.environ.update(wandb_env(spec))
     import wandb
 
-    run = wandb.init(id=spec.run_name, resume="allow", project=spec.recipe.logging.project, dir=spec.run_dir,
+    run = wandb.init(id=runs.wandb_run_id(spec.path), resume="allow", project=spec.recipe.logging.project, dir=spec.run_dir,
                      name=spec.recipe.logging.experiment or spec.run_name)
     try:
         run.define_metric("eval/step")
@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-gen-toks", type=int, default=None)
     args = parser.parse_args(argv)
     from hpc_grpo.resolve import load_frozen
+    from hpc_grpo.export import ExportError
     from hpc_grpo.yamlio import SpecError
 
     tasks = evaluate.check_tasks(args.tasks.split(",")) if args.tasks else None
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise EvalError("give --run RUN_DIR or --model PATH")
             spec = load_frozen(args.run / "spec.yaml")
             evaluate_run(spec, args.step, args.all_kept, tasks, args.limit)
-    except (EvalError, SpecError, FileNotFoundError) as exc:
+    except (EvalError, SpecError, FileNotFoundError, ExportError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     return 0
