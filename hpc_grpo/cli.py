@@ -315,6 +315,13 @@ def wait_for(submission: Any) -> int:
     status = run_status(submission.run_dir)
     print_status(status)
     print_training_summary(submission.run_dir)
+    from hpc_grpo.evaluate import load_results, result_path
+
+    results = load_results(submission.run_dir)
+    for r in results:
+        r["path"] = str(result_path(submission.run_dir, r["step"]))
+    if results:
+        print_eval_rows(results[-1:])
     ok = state in ("COMPLETED", "FINISHED", "DONE") or (status.jobs and status.jobs[-1].state == "COMPLETED")
     return 0 if ok else 1
 

@@ -238,7 +238,9 @@ class EvalJob:
 
         proc = subprocess.run([sys.executable, "-m", "hpc_grpo.job.eval_job", *self.argv], check=False)
         if proc.returncode != 0:
-            raise RuntimeError(f"evaluation exited with status {proc.returncode}")
+            run = self.argv[self.argv.index("--run") + 1] if "--run" in self.argv else ""
+            raise RuntimeError(f"evaluation exited with status {proc.returncode} (its messages are above); "
+                               f"checkpoints are untouched: run it again with `hpc-grpo eval {run}`")
         return 0
 
 

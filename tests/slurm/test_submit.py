@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 TRAIN_DEADLINE_S = 420.0  # the tiny job takes about 25 s on 2 cores; room for a loaded machine and a queue
-TINY = ["train.total_training_steps=4", "checkpoint.save_freq=2"]
+# eval.enabled=false: these tests are about training; the chained evaluation has its own file (test_eval_chain.py).
+TINY = ["train.total_training_steps=4", "checkpoint.save_freq=2", "eval.enabled=false"]
 
 
 @dataclass
@@ -79,7 +80,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
 
 
 def last_job(run_dir: Path) -> str:
-    return runs.read_history(run_dir)[-1].job_id
+    """The newest training job (an evaluation job queued afterok is recorded after it)."""
+    return [e for e in runs.read_history(run_dir) if e.purpose != "eval"][-1].job_id
 
 
 def wait_final(job_id: str, deadline_s: float) -> slurm.JobInfo:

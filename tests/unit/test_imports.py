@@ -49,3 +49,11 @@ def test_status_and_runs_import_nothing_heavy(tmp_path) -> None:
         mods = loaded(*argv)
         assert "hpc_grpo" in mods, argv
         assert not mods & set(HEAVY), (argv, mods & set(HEAVY))
+
+
+def test_eval_and_report_front_ends_import_nothing_heavy(tmp_path) -> None:
+    """`eval` runs lm-eval in a child process; its own process (argument checks, table) stays light."""
+    mods = loaded("eval", "--model", str(tmp_path / "missing"), "--test-file", "/x", "--train-file", "/x")
+    assert not mods & set(HEAVY), mods & set(HEAVY)
+    mods = loaded("report", str(tmp_path / "no-such-run"))
+    assert not mods & set(HEAVY), mods & set(HEAVY)
