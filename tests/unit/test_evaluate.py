@@ -159,3 +159,17 @@ def test_report_from_trl_metrics(tmp_path: Path) -> None:
     rep = report.build(run)
     assert rep.steps["reward"] == [(1, 0.1), (2, 0.3)] and rep.steps["entropy"] == [(1, 6.0)]
     assert "no evaluation yet" in "\n".join(rep.summary())
+
+
+def test_plan_refuses_an_eval_that_cannot_run(isolated: Path) -> None:
+    from hpc_grpo.plan import run_plan
+
+    spec = resolve_spec("qwen2.5-3b-gsm8k-lora", "slurm-dev", [f"cluster.runs_root={isolated}", "eval.backend=vllm",
+                                                             "eval.tp=2", "eval.resources.gpus_per_node=1"])
+    keys = {f.key for f in run_plan(spec, schema=False).findings if f.severity.value == "error"}
+    assert "eval.tp" in keys
+    spec = spec_for(isolated, "slurm-dev", f"data.val_files={isolated}/nowhere/test.jsonl")
+    found = [f for f in run_plan(spec, schema=False, for_submit=True).findings if f.key == "eval.test_file"]
+    assert found and found[0].severity.value == "error"
+    spec = spec_for(isolated, "slurm-dev", f"data.val_files={isolated}/nowhere/test.jsonl", "eval.enabled=false")
+    assert not [f for f in run_plan(spec, schema=False, for_submit=True).findings if f.key.startswith("eval.")]
