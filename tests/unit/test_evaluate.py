@@ -173,3 +173,21 @@ def test_plan_refuses_an_eval_that_cannot_run(isolated: Path) -> None:
     assert found and found[0].severity.value == "error"
     spec = spec_for(isolated, "slurm-dev", f"data.val_files={isolated}/nowhere/test.jsonl", "eval.enabled=false")
     assert not [f for f in run_plan(spec, schema=False, for_submit=True).findings if f.key.startswith("eval.")]
+
+
+def test_choose_newest_all_kept_or_named_steps(isolated: Path) -> None:
+    """Which checkpoints the eval job takes, read through checkpoints.py (a torn one is never chosen)."""
+    pytest.importorskip("torch")
+    from tests.ckpt_trees import trl_checkpoint, truncate_half
+
+    from hpc_grpo.job.eval_job import EvalError, choose
+
+    spec = spec_for(isolated, "local")
+    for step in (2, 4, 6):
+        trl_checkpoint(spec.path, step)
+    truncate_half(spec.path / "checkpoints" / "checkpoint-6" / "optimizer.pt")
+    assert [c.step for c in choose(spec, [], False)] == [4]
+    assert [c.step for c in choose(spec, [], True)] == [2, 4]
+    assert [c.step for c in choose(spec, [2], False)] == [2]
+    with pytest.raises(EvalError, match=r"--step 6: no complete checkpoint with that step \(complete: 2, 4\)"):
+        choose(spec, [6], False)
