@@ -103,8 +103,9 @@ def evaluate_run(spec: RunSpec, steps: list[int], all_kept: bool, tasks: list[st
     task_dir = run_dir / evaluate.EVAL_DIR / "tasks"
     base = base_model_path(spec)
     written = []
+    chosen = choose(spec, steps, all_kept)  # before the base model is scored: nothing to do is said at once
     base_result = base_scores(base, settings, Path(spec.cluster.runs_root_path()), task_dir)
-    for ckpt in choose(spec, steps, all_kept):
+    for ckpt in chosen:
         t0 = time.time()
         with lease(run_dir, ckpt.step):
             # Checked again under the lease: prune may have removed it between the listing and now.
