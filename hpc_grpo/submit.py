@@ -119,25 +119,27 @@ def write_run(spec: RunSpec, files: dict[str, str]) -> None:
     (spec.path / "checkpoints").mkdir(exist_ok=True)
 
 
-def submit_run(spec: RunSpec, files: dict[str, str], purpose: str = "train") -> Submission:
-    """Create the run directory, write the frozen spec and scripts, submit, record the job id."""
+def submit_run(spec: RunSpec, files: dict[str, str], purpose: str = "train", note: str = "",
+               data: dict[str, Any] | None = None) -> Submission:
+    """Create the run directory, write the frozen spec and scripts, submit, record the job id (with a note and
+    details, e.g. what `hpc-grpo resume` resumes from)."""
     if spec.cluster.scheduler == "slurm":
         check_partition(spec)
     with runs.submit_lock(spec.path):
         runs.refuse_if_live(spec.path)
         write_run(spec, files)
         if spec.cluster.scheduler == "slurm":
-            return _submit_slurm(spec, purpose)
-        return _submit_local(spec, purpose)
+            return _submit_slurm(spec, purpose, note, data)
+        return _submit_local(spec, purpose, note, data)
 
 
-def _submit_slurm(spec: RunSpec, purpose: str) -> Submission:
+def _submit_slurm(spec: RunSpec, purpose: str, note: str = "", data: dict[str, Any] | None = None) -> Submission:
     executor = TemplateSlurmExecutor(spec)
     executor.update_parameters(**slurm_parameters(spec))
     job = executor.submit(TrainJob(spec.run_dir))
     # Same text Slurm received; equal to the rendered one whenever the interpreter is the same.
     (spec.path / "scripts" / "sbatch.sh").write_text(executor.last_script)
-    runs.append_history(spec.path, job.job_id, purpose, "slurm")
+    runs.append_history(spec.path, job.job_id, purpose, "slurm", note=note, data=data)
     log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
     eval_job = None
     if spec.recipe.eval.enabled:
@@ -147,12 +149,12 @@ def _submit_slurm(spec: RunSpec, purpose: str) -> Submission:
     return Submission(spec.path, job.job_id, "slurm", str(log), job, eval_job)
 
 
-def _submit_local(spec: RunSpec, purpose: str) -> Submission:
+def _submit_local(spec: RunSpec, purpose: str, note: str = "", data: dict[str, Any] | None = None) -> Submission:
     executor = submitit.LocalExecutor(folder=render.submitit_dir(spec))
     executor.update_parameters(timeout_min=spec.recipe.resources.time_min, nodes=1, tasks_per_node=1,
                                gpus_per_node=spec.gpus_per_node)
     job = executor.submit(TrainJob(spec.run_dir, eval_after=spec.recipe.eval.enabled))
-    runs.append_history(spec.path, job.job_id, purpose, "local")
+    runs.append_history(spec.path, job.job_id, purpose, "local", note=note, data=data)
     log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
     return Submission(spec.path, job.job_id, "local", str(log), job)
 

@@ -110,9 +110,13 @@ def job_identity() -> tuple[str, str]:
 
 
 def prepare_and_record(run_dir: Path, engine: str) -> Prepared:
+    """prepare(), its "start" line in the history, and the disk-full reserve (hpc_grpo.job.disk)."""
+    from hpc_grpo.job import disk
+
     prepared = prepare(run_dir, engine)
     job_id, executor = job_identity()
     record(run_dir, prepared, job_id, executor)
+    disk.ensure_reserve(run_dir)
     return prepared
 
 

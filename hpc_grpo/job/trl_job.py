@@ -28,7 +28,7 @@ from hpc_grpo import checkpoints as ck
 from hpc_grpo import runs
 from hpc_grpo.checkpoints import Checkpoint
 from hpc_grpo.engines.trl import checkpoint_dir, grpo_config_kwargs, lora_config_kwargs
-from hpc_grpo.job import prepare_resume
+from hpc_grpo.job import disk, prepare_resume
 from hpc_grpo.spec import RunSpec
 
 METRICS_FILE = "metrics.jsonl"
@@ -348,7 +348,14 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     trainer.remove_callback(PrinterCallback)  # prints every raw log dict; ours prints one line per step
     trainer.add_callback(metrics_callback(run_dir / METRICS_FILE, config.max_steps))
     log("trainer ready: training")
-    result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
+    try:
+        result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
+    except Exception as exc:
+        if not disk.is_disk_full(run_dir, exc):
+            raise
+        message = disk.explain(run_dir, spec.run_name, "trl")
+        disk.report(run_dir, message)  # releases the reserve first: room for this message in the log and history
+        raise JobError(message) from exc
 
     runtime = float(result.metrics.get("train_runtime", 0.0))
     final = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))

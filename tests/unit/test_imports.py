@@ -57,3 +57,16 @@ def test_eval_and_report_front_ends_import_nothing_heavy(tmp_path) -> None:
     assert not mods & set(HEAVY), mods & set(HEAVY)
     mods = loaded("report", str(tmp_path / "no-such-run"))
     assert not mods & set(HEAVY), mods & set(HEAVY)
+
+
+def test_resume_planning_imports_nothing_heavy(tmp_path) -> None:
+    """`resume` decides (live job, finished run, overrides, newest checkpoint) before anything heavy loads."""
+    from hpc_grpo.render import render_all, write_files
+    from hpc_grpo.resolve import resolve_spec
+
+    spec = resolve_spec("tiny-gsm8k", "local", overrides=[f"cluster.runs_root={tmp_path}"], run_name="done")
+    write_files(spec.path, render_all(spec))
+    (spec.path / "train_done.json").write_text('{"final_step": 24}')
+    mods = loaded("resume", str(spec.path), "resources.time=01:00:00")
+    assert "hpc_grpo" in mods and not mods & set(HEAVY), mods & set(HEAVY)
+    assert not (spec.path / "history.jsonl").exists()

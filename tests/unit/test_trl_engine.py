@@ -13,6 +13,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers/trl are imported anywhere in this module
 
+from hpc_grpo import runs  # noqa: E402
 from hpc_grpo.engines import get_engine  # noqa: E402
 from hpc_grpo.engines.trl import (  # noqa: E402
     GRPO_CONFIG_FIELDS,
@@ -44,7 +45,9 @@ def test_command_and_registry(tmp_path: Path) -> None:
     assert isinstance(engine, TrlEngine) and engine.name == "trl" and engine.launch_template == "trl_launch.sh.j2"
     cmd = engine.command(spec)
     assert cmd.argv == ["python3", "-m", "hpc_grpo.job.trl_job", "--spec", f"{tmp_path}/t/spec.yaml"]
-    assert cmd.env == {"WANDB_RUN_ID": "t", "WANDB_RESUME": "allow"}
+    # one W&B run per run directory: the run name plus a hash of the directory (two roots, two W&B runs)
+    assert cmd.env == {"WANDB_RUN_ID": runs.wandb_run_id(tmp_path / "t"), "WANDB_RESUME": "allow"}
+    assert cmd.env["WANDB_RUN_ID"].startswith("t-")
 
 
 def test_module_import_is_light() -> None:
