@@ -237,7 +237,7 @@ if [ "$node_index" -eq 0 ]; then
     trainer.test_freq=-1
     trainer.val_before_train=False
     trainer.save_freq=100
-    trainer.max_actor_ckpt_to_keep=3
+    trainer.max_actor_ckpt_to_keep=null
     trainer.default_local_dir=/runs/golden/checkpoints
     'trainer.logger=[console,wandb]'
     trainer.project_name=hpc-grpo-codegen

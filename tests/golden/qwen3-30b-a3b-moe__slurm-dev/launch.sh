@@ -238,7 +238,7 @@ if [ "$node_index" -eq 0 ]; then
     trainer.test_freq=-1
     trainer.val_before_train=False
     trainer.save_freq=50
-    trainer.max_actor_ckpt_to_keep=2
+    trainer.max_actor_ckpt_to_keep=null
     trainer.default_local_dir=/runs/golden/checkpoints
     'trainer.logger=[console,wandb]'
     trainer.project_name=hpc-grpo-moe
