@@ -338,8 +338,17 @@ def wait_for(submission: Any) -> int:
     status = run_status(submission.run_dir)
     print_status(status)
     print_training_summary(submission.run_dir)
-    # The run's own row, not submitit's state: a local job that raised is "FINISHED" to submitit.
-    ok = status.jobs[-1].state == "COMPLETED" if status.jobs else state == "COMPLETED"
+    from hpc_grpo.evaluate import load_results, result_path
+
+    results = load_results(submission.run_dir)
+    for r in results:
+        r["path"] = str(result_path(submission.run_dir, r["step"]))
+    if results:
+        print_eval_rows(results[-1:])
+    # The run's own row for this job, not submitit's state: a local job that raised is "FINISHED" to submitit (and
+    # on Slurm the chained eval job is the newest row).
+    rows = [j for j in status.jobs if j.job_id == str(submission.job_id)]
+    ok = rows[-1].state == "COMPLETED" if rows else state == "COMPLETED"
     return 0 if ok else 1
 
 
@@ -575,6 +584,91 @@ def list_runs(as_json: JsonT = False) -> None:
     out.print(t)
 
 
+# ------------------------------------------------------------------------------------ eval, report
+StepT = Annotated[Optional[list[int]], typer.Option("--step", help="checkpoint step (repeatable; default: newest)")]
+
+
+def print_eval_rows(results: list[dict[str, Any]]) -> None:
+    from hpc_grpo.evaluate import table_rows
+
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{v:.1%}"
+
+    for result in results:
+        t = Table(title=f"GSM8K: {result.get('run_name') or result['model']}")
+        for col in ("", "model", "task", "n", "strict-match", "flexible-extract", "verl strict"):
+            t.add_column(col, overflow="fold")
+        for row in table_rows(result):
+            t.add_row(row["what"], row["model"], row["task"], str(row["n"]), pct(row["strict"]),
+                      pct(row["flexible"]), pct(row["verl"]))
+        out.print(t)
+        rate = result.get("problems_per_s")
+        out.print(f"wall time {result['wall_time_s']:.1f} s, {rate if rate is not None else '-'} problems/s; "
+                  f"results: {result.get('path', '')}")
+
+
+@app.command("eval")
+def eval_cmd(
+    run: Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")] = None,
+    step: StepT = None,
+    all_kept: Annotated[bool, typer.Option("--all-kept", help="every complete checkpoint")] = False,
+    tasks: Annotated[Optional[str], typer.Option("--tasks", help="gsm8k,gsm8k_cot (default: the recipe's)")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="first K test problems")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", help="evaluate this HF model folder instead")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="with --model: output folder")] = None,
+    here: Annotated[Optional[bool], typer.Option("--here/--submit", help="run in this shell or as a Slurm job "
+                                                 "(default: here on cluster=local)")] = None,
+    test_file: Annotated[Optional[Path], typer.Option("--test-file", help="with --model: GSM8K test jsonl")] = None,
+    train_file: Annotated[Optional[Path], typer.Option("--train-file", help="with --model: GSM8K train jsonl")] = None,
+    num_fewshot: Annotated[Optional[int], typer.Option("--num-fewshot", min=0, help="with --model")] = None,
+    max_gen_toks: Annotated[Optional[int], typer.Option("--max-gen-toks", min=1, help="with --model")] = None,
+    as_json: JsonT = False,
+) -> None:
+    """Score a run's checkpoint(s) on GSM8K with lm-eval (beside the base model), or any model with --model."""
+    from hpc_grpo import evaluate
+
+    task_list = [t for t in tasks.split(",") if t] if tasks else None
+    if model is not None:
+        folder = out_dir or Path.cwd() / f"eval-{model.name}"
+        outcome = evaluate.eval_model(str(model), folder, task_list, limit, train_file and str(train_file),
+                                      test_file and str(test_file), num_fewshot, max_gen_toks)
+        for r in outcome.results:
+            r["path"] = str(folder / "eval.json")
+    else:
+        from hpc_grpo.status import locate_run
+
+        outcome = evaluate.eval_run(locate_run(run), list(step or []), all_kept, task_list, limit, here)
+        for r in outcome.results:
+            r["path"] = str(evaluate.result_path(outcome.run_dir, r["step"]))
+    if as_json:
+        print_json({"ran_here": outcome.ran_here, "job_id": outcome.job_id, "after": outcome.after,
+                    "results": [{k: v for k, v in r.items() if k != "scores"} | {"scores": {
+                        t: {k: v for k, v in s.items() if k != "samples"} for t, s in r["scores"].items()}}
+                        for r in outcome.results]})
+        return
+    if not outcome.ran_here:
+        dep = f" (afterok:{outcome.after})" if outcome.after else ""
+        out.print(f"Eval job {outcome.job_id}{dep} queued; log: {outcome.log}")
+        out.print(f"Results will be in {outcome.run_dir}/eval/step_N.json; see them with: hpc-grpo report {outcome.run_dir}")
+        return
+    print_eval_rows(outcome.results)
+
+
+@app.command()
+def report(
+    run: Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")] = None,
+    png: Annotated[Optional[Path], typer.Option("--png", help="where to write the figure (default: RUN/report.png)")] = None,
+) -> None:
+    """Training curves (reward, KL, response length, entropy) and GSM8K accuracy per step: a PNG and a summary."""
+    from hpc_grpo import report as report_mod
+    from hpc_grpo.status import locate_run
+
+    run_dir = locate_run(run)
+    rep = report_mod.build(run_dir)
+    for line in rep.summary():
+        out.print(line)
+    path = report_mod.draw(rep, png or run_dir / "report.png")
+    out.print(f"Figure: {path}")
 @app.command("prune-ckpts")
 def prune_ckpts(
     run: Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")] = None,

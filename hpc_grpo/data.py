@@ -253,6 +253,15 @@ def prepare_gsm8k(source: str | os.PathLike[str], out_dir: str | os.PathLike[str
     for s in SPLITS:
         _atomic_write(paths["verl", s], lambda p, rows=verl_rows[s]: _write_parquet(rows, p))
         _atomic_write(paths["trl", s], lambda p, rows=trl_rows[s]: _write_jsonl(rows, p))
+    # The evaluation (lm-eval's own gsm8k task) reads question/answer rows: record where they are. A local
+    # source is named, not copied; rows fetched from the Hub are kept in out_dir/raw/ (no Hub in the eval job).
+    raw_dir = Path(source).resolve() if source_kind == "local" else out_dir / "raw"
+    if source_kind != "local":
+        raw_dir.mkdir(parents=True, exist_ok=True)
+        for s in SPLITS:
+            _atomic_write(raw_dir / f"{s}.jsonl", lambda p, rows=splits[s]: _write_jsonl(rows, p))
+    _atomic_write(out_dir / "source.json",
+                  lambda p: p.write_text(json.dumps({"source": src, "raw_dir": str(raw_dir)}, indent=2) + "\n"))
     return PrepareResult(
         out_dir=out_dir,
         verl_train=paths["verl", "train"],

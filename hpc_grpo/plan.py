@@ -15,6 +15,7 @@ from pathlib import Path
 from hpc_grpo.engines import get_engine
 from hpc_grpo.findings import Finding, error, has_errors, info, warning
 from hpc_grpo.models import ModelShape, resolve_shape
+from hpc_grpo.yamlio import SpecError
 from hpc_grpo.spec import RunSpec
 
 
@@ -411,6 +412,29 @@ def check_environment(spec: RunSpec, for_submit: bool) -> list[Finding]:
     return out  # data files, model, runs root and Slurm: preflight.py
 
 
+def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
+    """The chained evaluation must be able to run: found now, not after hours of training."""
+    e = spec.recipe.eval
+    if not e.enabled:
+        return []
+    from hpc_grpo.evaluate import data_files, eval_spec
+
+    out: list[Finding] = []
+    gpus = eval_spec(spec).gpus_per_node
+    if e.backend == "vllm" and gpus < e.tp:
+        out.append(error("eval.tp", f"eval.backend=vllm with tensor parallel {e.tp} but the eval job has {gpus} GPU(s)",
+                         f"set eval.resources.gpus_per_node={e.tp} (one node), lower eval.tp, or use eval.backend=hf"))
+    if e.resources.time_min > spec.cluster.time_max_min:
+        out.append(error("eval.resources.time", f"{e.resources.time} is over the cluster's limit {spec.cluster.time_max}",
+                         "lower eval.resources.time or eval.limit"))
+    try:
+        data_files(spec)
+    except SpecError as exc:
+        out.append((error if for_submit else warning)(exc.key or "eval.test_file", str(exc),
+                                                      "or set eval.enabled=false"))
+    return out
+
+
 # ----------------------------------------------------------------------------------------- plan
 def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Plan:
     """All checks; the engine's own schema last (it is the slowest and needs verl's YAMLs)."""
@@ -427,6 +451,7 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Pl
         lambda: check_layout(spec, lay, shape),
         lambda: check_batches(spec, lay),
         lambda: check_environment(spec, for_submit),
+        lambda: check_eval(spec, for_submit),
     ]
     for check in checks:
         plan.findings.extend(check())

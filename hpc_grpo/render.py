@@ -114,8 +114,9 @@ def recreate_command(spec: RunSpec) -> str:
     return " ".join(quote_word(p) for p in recreate_argv(spec))
 
 
-def sbatch_context(spec: RunSpec, command: str) -> dict[str, Any]:
-    """Everything the sbatch header needs, as plain values (the template quotes each)."""
+def sbatch_context(spec: RunSpec, command: str, dependency: str | None = None) -> dict[str, Any]:
+    """Everything the sbatch header needs, as plain values (the template quotes each). `dependency` is an
+    sbatch dependency such as afterok:123 (the evaluation job after training)."""
     r, c = spec.recipe, spec.cluster
     res = r.resources
     gpus = spec.gpus_per_node
@@ -138,6 +139,8 @@ def sbatch_context(spec: RunSpec, command: str) -> dict[str, Any]:
                        ("qos", res.qos or c.qos)):
         if value:
             sbatch.append((key, value))
+    if dependency:
+        sbatch.append(("dependency", dependency))
     sbatch += [
         ("signal", f"USR2@{c.signal_delay_s}"),
         ("output", f"{folder}/%j_0_log.out"),
@@ -198,11 +201,11 @@ def launch_context(spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def render_sbatch(spec: RunSpec, command: str | None = None) -> str:
+def render_sbatch(spec: RunSpec, command: str | None = None, dependency: str | None = None) -> str:
     """The batch script Slurm receives. `command` is submitit's; render time computes the same one."""
     command = command or submitit_command(submitit_dir(spec), spec.python)
     tmpl = environment().get_template("sbatch.sh.j2")
-    return tmpl.render(**common_context(spec), **sbatch_context(spec, command))
+    return tmpl.render(**common_context(spec), **sbatch_context(spec, command, dependency))
 
 
 def render_launch(spec: RunSpec) -> str:

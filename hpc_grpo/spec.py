@@ -314,12 +314,54 @@ class Logging(Strict):
     experiment: str | None = None
 
 
+class EvalResources(Strict):
+    """What the evaluation job asks Slurm for: its own shape (one GPU node for vLLM), not the training job's."""
+
+    _words = field_validator("partition", "account", "qos")(classmethod(lambda cls, v: slurm_word(v)))
+
+    nodes: Literal[1] = 1
+    gpus_per_node: int | None = Field(default=None, ge=0, description="default: the cluster's")
+    time: str = "01:00:00"
+    cpus_per_task: int | None = Field(default=None, gt=0)
+    mem_gb: int | None = Field(default=None, gt=0)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time(cls, v: Any) -> str:
+        parse_time_minutes(v)
+        return str(v)
+
+    @property
+    def time_min(self) -> int:
+        return parse_time_minutes(self.time)
+
+
+EVAL_TASKS = ("gsm8k", "gsm8k_cot")
+
+
 class Eval(Strict):
-    """GSM8K evaluation after training (lm-eval)."""
+    """GSM8K evaluation after training (lm-eval's own task definitions, run offline on local files)."""
 
     enabled: bool = True
-    limit: int | None = Field(default=None, gt=0)
-    num_fewshot: int = Field(default=5, ge=0)
+    tasks: list[Literal["gsm8k", "gsm8k_cot"]] = Field(default_factory=lambda: ["gsm8k"], min_length=1)
+    limit: int | None = Field(default=None, gt=0, description="first K test problems (None: all 1319)")
+    num_fewshot: int | None = Field(default=None, ge=0, description="None: the task's own (gsm8k 5, gsm8k_cot 8)")
+    backend: Literal["hf", "vllm"] = "hf"
+    batch_size: int = Field(default=8, gt=0)
+    max_gen_toks: int | None = Field(default=None, gt=0, description="None: the task's own (256)")
+    test_file: str | None = Field(default=None, description="GSM8K test jsonl (question/answer); default: "
+                                  "test.jsonl beside data.val_files' raw source, see evaluate.data_files")
+    train_file: str | None = Field(default=None, description="GSM8K train jsonl for the few-shot examples")
+    tp: int = Field(default=1, gt=0, description="vLLM tensor parallel size (at most the eval GPUs)")
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
+    resources: EvalResources = Field(default_factory=EvalResources)
+
+    _expand = field_validator("test_file", "train_file")(
+        classmethod(lambda cls, v: None if v is None else expand_path(v))
+    )
 
 
 class Launch(Strict):

@@ -28,19 +28,28 @@ class Submission:
     executor: str
     log_hint: str
     job: Any = None
+    eval: Any = None  # the evaluation job's Submission (Slurm: queued afterok the training job)
 
 
 class TrainJob:
-    """What each task of the job runs: the engine's launch script (Ray bootstrap for verl)."""
+    """What each task of the job runs: the engine's launch script (Ray bootstrap for verl).
 
-    def __init__(self, run_dir: str) -> None:
+    eval_after (cluster=local, where there is no scheduler to chain a job): evaluate once training succeeded.
+    """
+
+    def __init__(self, run_dir: str, eval_after: bool = False) -> None:
         self.run_dir = run_dir
+        self.eval_after = eval_after
 
     def __call__(self) -> int:
         script = Path(self.run_dir) / "scripts" / "launch.sh"
         proc = subprocess.run(["bash", str(script)], cwd=self.run_dir, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"{script} exited with status {proc.returncode}; see the job's logs in {self.run_dir}")
+        if getattr(self, "eval_after", False):
+            from hpc_grpo.evaluate import EvalJob, job_argv
+
+            EvalJob(job_argv(Path(self.run_dir)))()
         return proc.returncode
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
@@ -51,20 +60,21 @@ class TrainJob:
         """
         env = submitit.JobEnvironment()
         runs.append_history(Path(self.run_dir), env.job_id, "requeue", "slurm", note="timeout or preemption")
-        return submitit.helpers.DelayedSubmission(TrainJob(self.run_dir))
+        return submitit.helpers.DelayedSubmission(TrainJob(self.run_dir, getattr(self, "eval_after", False)))
 
 
 class TemplateSlurmExecutor(submitit.SlurmExecutor):
     """submitit's SlurmExecutor, with the batch script rendered from templates/sbatch.sh.j2."""
 
-    def __init__(self, spec: RunSpec) -> None:
+    def __init__(self, spec: RunSpec, dependency: str | None = None) -> None:
         # python: the frozen interpreter, so the srun line runs the same one as every other in-job step.
         super().__init__(folder=render.submitit_dir(spec), max_num_timeout=20, python=shlex.quote(spec.python))
         self.spec = spec
+        self.dependency = dependency
         self.last_script = ""
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        self.last_script = render.render_sbatch(self.spec, command)
+        self.last_script = render.render_sbatch(self.spec, command, self.dependency)
         return self.last_script
 
 
@@ -133,14 +143,19 @@ def _submit_slurm(spec: RunSpec, purpose: str, note: str = "", data: dict[str, A
     (spec.path / "scripts" / "sbatch.sh").write_text(executor.last_script)
     runs.append_history(spec.path, job.job_id, purpose, "slurm", note=note, data=data)
     log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
-    return Submission(spec.path, job.job_id, "slurm", str(log), job)
+    eval_job = None
+    if spec.recipe.eval.enabled:
+        from hpc_grpo.evaluate import job_argv, submit_eval
+
+        eval_job = submit_eval(spec, job_argv(spec.path), after=job.job_id)
+    return Submission(spec.path, job.job_id, "slurm", str(log), job, eval_job)
 
 
 def _submit_local(spec: RunSpec, purpose: str, note: str = "", data: dict[str, Any] | None = None) -> Submission:
     executor = submitit.LocalExecutor(folder=render.submitit_dir(spec), python=shlex.quote(spec.python))
     executor.update_parameters(timeout_min=spec.recipe.resources.time_min, nodes=1, tasks_per_node=1,
                                gpus_per_node=spec.gpus_per_node)
-    job = executor.submit(TrainJob(spec.run_dir))
+    job = executor.submit(TrainJob(spec.run_dir, eval_after=spec.recipe.eval.enabled))
     runs.append_history(spec.path, job.job_id, purpose, "local", note=note, data=data)
     log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
     return Submission(spec.path, job.job_id, "local", str(log), job)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's main job: from a fresh clone, train the tiny-gsm8k recipe end to end on this machine (cluster=local,
-# CPU is enough) and print where the results are. Idempotent: run it again and it makes a new run.
+# CPU is enough), evaluate it on GSM8K with lm-eval, and draw its report (runs/NAME/report.png). Idempotent: run it again and it makes a new run.
 #   bash tools/quickstart.sh [key=value ...]        # extra recipe overrides, e.g. train.total_training_steps=8
 # GSM8K comes from ../shared/data/gsm8k when that folder exists (offline machines), else from the Hugging Face Hub
 # (GSM8K_SOURCE=hf|FOLDER overrides the choice).
@@ -15,11 +15,15 @@ source_dir="${GSM8K_SOURCE:-}"
 if [ -z "$source_dir" ]; then
   if [ -f "$root/../shared/data/gsm8k/train.jsonl" ]; then source_dir="$root/../shared/data/gsm8k"; else source_dir=hf; fi
 fi
-if [ ! -f "$data_dir/trl/train.jsonl" ]; then
+if [ ! -f "$data_dir/trl/train.jsonl" ] || [ ! -f "$data_dir/source.json" ]; then
   hpc-grpo data gsm8k --source "$source_dir" --out "$data_dir"
 fi
 export WANDB_MODE="${WANDB_MODE:-offline}"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
 cd "$root"
-hpc-grpo submit recipe=tiny-gsm8k cluster=local \
+name="tiny-gsm8k-$(date +%Y%m%d-%H%M%S)"
+# On cluster=local the job trains, then evaluates the newest checkpoint with lm-eval's gsm8k (recipe eval section:
+# 10 test problems, 0-shot), beside the base model.
+hpc-grpo submit recipe=tiny-gsm8k cluster=local --name "$name" \
   "data.train_files=$data_dir/trl/train.jsonl" "data.val_files=$data_dir/trl/test.jsonl" "$@"
+hpc-grpo report "runs/$name"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create (or update) one of the project's virtual environments. Idempotent.
-#   bash tools/setup-env.sh          # .venv: the local engine: torch, transformers, peft, trl (CPU or one GPU node)
+#   bash tools/setup-env.sh          # .venv: the local engine: torch, transformers, peft, trl (CPU or one GPU node),
+#                                    # lm-eval for the GSM8K evaluation, matplotlib for `hpc-grpo report`
 #   bash tools/setup-env.sh dev      # .venv + test tools, ray, and verl's config files for schema checks
 #   bash tools/setup-env.sh verl     # .venv-verl: the full verl 0.9.1 trainer stack (hpc-grpo[train-verl]), no vLLM;
 #                                    # skipped when already complete (a stamp of the pins and pyproject.toml)
@@ -56,9 +57,9 @@ if [ "$mode" = verl ]; then
   exit 0
 fi
 
-extras="local"
+extras="local,eval,report"
 if [ "$mode" = "dev" ]; then
-  extras="local,dev,verl-schema"
+  extras="local,eval,report,dev,verl-schema"
 fi
 echo "hpc-grpo: installing hpc-grpo[$extras]"
 "${pip[@]}" -e "${root}[${extras}]"

@@ -36,7 +36,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     model = ensure_tiny_model(e.root / "models" / "tiny-qwen2")  # once: the jobs below must not race to build it
     e.tiny = ["recipe=tiny-gsm8k", f"data.train_files={data.trl_train}", f"data.val_files={data.trl_test}",
               f"model.path={model}", f"train.total_training_steps={STEPS}", f"checkpoint.save_freq={SAVE}",
-              "checkpoint.keep_last=10"]
+              "checkpoint.keep_last=10", "eval.enabled=false"]  # about resume; the chained eval is test_eval_chain.py's
     return e
 
 

@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 TRAIN_DEADLINE_S = 420.0  # the tiny job takes about 25 s on 2 cores; room for a loaded machine and a queue
-TINY = ["train.total_training_steps=4", "checkpoint.save_freq=2"]
+# eval.enabled=false: these tests are about training; the chained evaluation has its own file (test_eval_chain.py).
+TINY = ["train.total_training_steps=4", "checkpoint.save_freq=2", "eval.enabled=false"]
 
 
 @dataclass
@@ -78,8 +79,14 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     return e
 
 
+def submissions(run_dir: Path) -> list[runs.HistoryEntry]:
+    """History lines that are submissions (a job's own "start"/"failed" events are not)."""
+    return [e for e in runs.read_history(run_dir) if e.purpose not in runs.EVENTS]
+
+
 def last_job(run_dir: Path) -> str:
-    return runs.read_history(run_dir)[-1].job_id
+    """The newest training job (an evaluation job queued afterok is recorded after it)."""
+    return [e for e in submissions(run_dir) if e.purpose != "eval"][-1].job_id
 
 
 def wait_final(job_id: str, deadline_s: float) -> slurm.JobInfo:
@@ -122,7 +129,7 @@ def test_tiny_job_completes_on_slurm(env: Env, tiny_slurm: tuple[Path, str, str]
     print(f"tiny-gsm8k on slurm-dev: job {job_id} {info.state} after {time.monotonic() - t0:.1f}s "
           f"(elapsed {info.elapsed})")
     assert info.state == "COMPLETED", (info, log.read_text()[-3000:] if log.exists() else "no log")
-    history = runs.read_history(run_dir)
+    history = submissions(run_dir)
     assert [(h.job_id, h.purpose, h.executor) for h in history] == [(job_id, "train", "slurm")]
     status = env.status(run_dir)
     assert status["jobs"][-1]["job_id"] == job_id
@@ -187,7 +194,7 @@ def test_second_submit_into_a_live_run_is_refused(env: Env) -> None:
         second = env.submit(*sleeper)
         assert second.returncode == 2, second.stdout + second.stderr
         assert "already has a live job" in second.stderr and first_id in second.stderr
-        assert [h.job_id for h in runs.read_history(run_dir)] == [first_id]
+        assert [h.job_id for h in submissions(run_dir)] == [first_id]
         assert jobs_named(name) == [first_id]
     finally:
         slurm.cancel(first_id)
@@ -201,7 +208,7 @@ def test_second_submit_into_a_live_run_is_refused(env: Env) -> None:
     third_id = last_job(run_dir)
     try:
         assert third_id != first_id
-        history = runs.read_history(run_dir)
+        history = submissions(run_dir)
         assert [(h.job_id, h.purpose) for h in history] == [(first_id, "train"), (third_id, "train")]
     finally:
         slurm.cancel(third_id)
@@ -216,7 +223,7 @@ def test_local_cluster_runs_the_tiny_job(env: Env) -> None:
     print(f"tiny-gsm8k on cluster=local: exit {proc.returncode} after {time.monotonic() - t0:.1f}s")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = env.runs_root / name
-    history = runs.read_history(run_dir)
+    history = submissions(run_dir)
     assert [(h.purpose, h.executor) for h in history] == [("train", "local")]
     status = env.status(run_dir)
     assert status["jobs"][-1]["state"] == "COMPLETED"

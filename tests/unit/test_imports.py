@@ -80,6 +80,14 @@ def test_prune_imports_nothing_heavy(tmp_path) -> None:
     assert not set(eval(proc.stdout)) & set(HEAVY), proc.stdout
 
 
+def test_eval_and_report_front_ends_import_nothing_heavy(tmp_path) -> None:
+    """`eval` runs lm-eval in a child process; its own process (argument checks, table) stays light."""
+    mods = loaded("eval", "--model", str(tmp_path / "missing"), "--test-file", "/x", "--train-file", "/x")
+    assert not mods & set(HEAVY), mods & set(HEAVY)
+    mods = loaded("report", str(tmp_path / "no-such-run"))
+    assert not mods & set(HEAVY), mods & set(HEAVY)
+
+
 def test_resume_planning_imports_nothing_heavy(tmp_path) -> None:
     """`resume` decides (live job, finished run, overrides, newest checkpoint) before anything heavy loads."""
     from hpc_grpo.render import render_all, write_files

@@ -1,0 +1,209 @@
+"""In-job side of the GSM8K evaluation: `python -m hpc_grpo.job.eval_job --run RUN_DIR [--step N | --all-kept]`
+or `--model PATH [--out DIR]`.
+
+For each chosen checkpoint: take a reader lease (prune leaves it alone), export it to RUN/exports/step_N/
+(cached), score it with lm-eval's gsm8k / gsm8k_cot on local files, compute verl's strict reward on the same
+generations, and write RUN/eval/step_N.json. The base model is scored once per model path and settings (cached
+under the runs root) and shown beside; GSM8K.md's published numbers where the model is known. With W&B among the
+run's loggers the scores go into the run's own W&B run (the id training used: runs.wandb_run_id) as eval/gsm8k/*.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hpc_grpo import evaluate, runs, scoring
+from hpc_grpo.evaluate import EvalSettings
+from hpc_grpo.job.trl_job import write_json_atomic
+from hpc_grpo.spec import RunSpec
+
+
+class EvalError(RuntimeError):
+    """Nothing to evaluate, or a setting that cannot work; printed without a traceback."""
+
+
+_T0 = time.monotonic()
+
+
+def log(message: str) -> None:
+    print(f"[hpc-grpo eval +{time.monotonic() - _T0:.1f}s] {message}", flush=True)
+
+
+def score_model(model_dir: str | Path, settings: EvalSettings, task_dir: Path) -> dict[str, Any]:
+    """lm-eval on one HF folder: scores per task, timing and throughput."""
+    scoring.write_task_dir(task_dir, list(settings.tasks), Path(settings.train_file), Path(settings.test_file))
+    args = scoring.build_args(model_dir, list(settings.tasks), settings.backend, limit=settings.limit,
+                              num_fewshot=settings.num_fewshot, batch_size=settings.batch_size,
+                              max_gen_toks=settings.max_gen_toks, tp=settings.tp, gpus=settings.gpus,
+                              gpu_memory_utilization=settings.gpu_memory_utilization)
+    log(f"lm-eval: {' '.join(args.cli(task_dir))}")
+    raw = scoring.run_lm_eval(args, task_dir)
+    n = sum(s["n"] for s in raw["tasks"].values())
+    return {"model": str(model_dir), "scores": raw["tasks"], "wall_time_s": raw["wall_time_s"],
+            "problems_per_s": round(n / raw["wall_time_s"], 4) if raw["wall_time_s"] else None,
+            "lm_eval_version": raw["lm_eval_version"], "lm_eval_cli": args.cli(task_dir),
+            "settings": settings.as_dict()}
+
+
+def base_scores(model: str, settings: EvalSettings, cache_root: Path, task_dir: Path) -> dict[str, Any]:
+    """The base model's scores, from the cache when the same model and settings were scored before."""
+    path = evaluate.base_cache_path(cache_root, settings.cache_key(model))
+    if path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+            log(f"base model scores from the cache: {path}")
+            return cached
+        except ValueError:
+            pass
+    log(f"scoring the base model {model}")
+    result = score_model(model, settings, task_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, result)
+    return result
+
+
+def choose(spec: RunSpec, steps: list[int], all_kept: bool) -> list[Any]:
+    """The checkpoints to evaluate: --step N..., every complete one (--all-kept), or the newest complete one."""
+    from hpc_grpo import checkpoints
+
+    ckpts = checkpoints.list_checkpoints(spec.path, spec.recipe.engine)
+    complete = [c for c in ckpts if c.complete]
+    if steps:
+        by_step = {c.step: c for c in ckpts}
+        bad = [s for s in steps if s not in by_step or not by_step[s].complete]
+        if bad:
+            have = ", ".join(str(c.step) for c in complete) or "none"
+            raise EvalError(f"--step {', '.join(map(str, bad))}: no complete checkpoint with that step "
+                            f"(complete: {have})")
+        return [by_step[s] for s in steps]
+    if not complete:
+        raise EvalError(f"run {spec.run_name} has no complete checkpoint in {checkpoints.checkpoint_dir(spec.path)}")
+    return complete if all_kept else [complete[-1]]
+
+
+def base_model_path(spec: RunSpec) -> str:
+    from hpc_grpo.job.trl_job import prepare_model
+
+    return prepare_model(spec)
+
+
+def evaluate_run(spec: RunSpec, steps: list[int], all_kept: bool, tasks: list[str] | None,
+                 limit: int | None) -> list[Path]:
+    from hpc_grpo import checkpoints, export
+    from hpc_grpo.prune import lease  # prune leaves a leased checkpoint (and its export) alone
+
+    settings = evaluate.settings_for(spec, tasks, limit)
+    run_dir = spec.path
+    task_dir = run_dir / evaluate.EVAL_DIR / "tasks"
+    base = base_model_path(spec)
+    written = []
+    chosen = choose(spec, steps, all_kept)  # before the base model is scored: nothing to do is said at once
+    base_result = base_scores(base, settings, Path(spec.cluster.runs_root_path()), task_dir)
+    for ckpt in chosen:
+        t0 = time.time()
+        with lease(run_dir, ckpt.step):
+            # Checked again under the lease: prune may have removed it between the listing and now.
+            fresh = {c.step: c for c in checkpoints.list_checkpoints(run_dir, spec.recipe.engine)}.get(ckpt.step)
+            if fresh is None or not fresh.complete:
+                raise EvalError(f"checkpoint step {ckpt.step} went away before it was leased")
+            log(f"exporting step {ckpt.step} ({ckpt.layout}) from {ckpt.path}")
+            folder = export.export_checkpoint(run_dir, ckpt.step, ckpt.path, ckpt.layout, base)
+            export_s = time.time() - t0
+            log(f"export ready: {folder} ({export.export_info(folder).get('how', '')})")
+            result = score_model(folder, settings, task_dir)
+        result.update({
+            "run_name": spec.run_name, "step": ckpt.step, "checkpoint": str(ckpt.path), "export": str(folder),
+            "export_s": round(export_s, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "metrics": evaluate.metrics_of(result["scores"]),
+            "base": {"model": base, "scores": base_result["scores"]},
+            "published": evaluate.published(spec.recipe.model.path),
+        })
+        out = evaluate.result_path(run_dir, ckpt.step)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out, result)
+        log(f"step {ckpt.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items()) + f" -> {out}")
+        log_wandb(spec, result)
+        written.append(out)
+    return written
+
+
+def log_wandb(spec: RunSpec, result: dict[str, Any]) -> None:
+    """eval/gsm8k/* into the run's own W&B run (the same id training used, runs.wandb_run_id)."""
+    if "wandb" not in spec.recipe.logging.logger:
+        return
+    from hpc_grpo.job.trl_job import wandb_env
+
+    os.environ.update(wandb_env(spec))
+    import wandb
+
+    run = wandb.init(id=runs.wandb_run_id(spec.path), resume="allow", project=spec.recipe.logging.project, dir=spec.run_dir,
+                     name=spec.recipe.logging.experiment or spec.run_name)
+    try:
+        run.define_metric("eval/step")
+        run.define_metric("eval/*", step_metric="eval/step")
+        run.log({"eval/step": result["step"], **{f"eval/{k}": v for k, v in result["metrics"].items()},
+                 "eval/problems_per_s": result["problems_per_s"]})
+    finally:
+        run.finish()
+
+
+def evaluate_model(model: str, out: Path | None, tasks: list[str] | None, limit: int | None,
+                   train_file: str, test_file: str, backend: str = "hf", num_fewshot: int | None = None,
+                   max_gen_toks: int | None = None) -> Path:
+    """Any HF folder (e.g. the base model): scores, published numbers, JSON in OUT/eval.json."""
+    settings = EvalSettings(tuple(tasks or ["gsm8k"]), limit, num_fewshot, backend, 8, max_gen_toks,
+                            train_file, test_file)
+    out = out or Path.cwd() / "eval-model"
+    result = score_model(model, settings, out / "tasks")
+    result.update({"step": None, "metrics": evaluate.metrics_of(result["scores"]),
+                   "published": evaluate.published(model), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    path = out / "eval.json"
+    write_json_atomic(path, result)
+    log(", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items()) + f" -> {path}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpc_grpo.job.eval_job", description=__doc__.split("\n")[0])
+    parser.add_argument("--run", type=Path, help="run directory")
+    parser.add_argument("--step", type=int, action="append", default=[], help="checkpoint step (repeatable)")
+    parser.add_argument("--all-kept", action="store_true", help="every complete checkpoint")
+    parser.add_argument("--tasks", default=None, help="gsm8k,gsm8k_cot")
+    parser.add_argument("--limit", type=int, default=None, help="first K test problems")
+    parser.add_argument("--model", default=None, help="evaluate this HF folder instead of a run")
+    parser.add_argument("--out", type=Path, default=None, help="with --model: output folder")
+    parser.add_argument("--train-file", default=None)
+    parser.add_argument("--test-file", default=None)
+    parser.add_argument("--num-fewshot", type=int, default=None)
+    parser.add_argument("--max-gen-toks", type=int, default=None)
+    args = parser.parse_args(argv)
+    from hpc_grpo.resolve import load_frozen
+    from hpc_grpo.export import ExportError
+    from hpc_grpo.yamlio import SpecError
+
+    tasks = evaluate.check_tasks(args.tasks.split(",")) if args.tasks else None
+    try:
+        if args.model:
+            if not (args.train_file and args.test_file):
+                raise EvalError("--model needs --train-file and --test-file (GSM8K question/answer jsonl)")
+            evaluate_model(args.model, args.out, tasks, args.limit, args.train_file, args.test_file,
+                           num_fewshot=args.num_fewshot, max_gen_toks=args.max_gen_toks)
+        else:
+            if args.run is None:
+                raise EvalError("give --run RUN_DIR or --model PATH")
+            spec = load_frozen(args.run / "spec.yaml")
+            evaluate_run(spec, args.step, args.all_kept, tasks, args.limit)
+    except (EvalError, SpecError, FileNotFoundError, ExportError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""`hpc-grpo eval --model PATH` on the tiny model: real lm-eval (gsm8k, offline, local files), run as a user
+would, and its per-problem verdicts equal lm-eval's own filters applied to the same generations."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_eval_scoring import lm_eval_score
+
+from hpc_grpo.rewards import gsm8k_reward
+
+
+def test_eval_model_on_the_tiny_model(isolated: Path, gsm8k_dir: Path) -> None:
+    from hpc_grpo.tiny_model import ensure_tiny_model
+
+    model = ensure_tiny_model(isolated / "tiny-qwen2")
+    env = {**os.environ, "HF_HOME": str(isolated / "hf"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "eval", "--model", str(model), "--limit", "3",
+                           "--num-fewshot", "0", "--max-gen-toks", "24", "--test-file", f"{gsm8k_dir}/test.jsonl",
+                           "--train-file", f"{gsm8k_dir}/train.jsonl", "--out", str(isolated / "out")],
+                          capture_output=True, text=True, env=env, cwd=isolated, timeout=400, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "GSM8K" in proc.stdout and "problems/s" in proc.stdout  # the table (rich wraps its headers)
+    result = json.loads((isolated / "out" / "eval.json").read_text())
+    gsm = result["scores"]["gsm8k"]
+    assert gsm["n"] == 3 and [s["doc_id"] for s in gsm["samples"]] == [0, 1, 2]
+    assert result["model"] == str(model) and result["step"] is None and result["published"] is None
+    for s in gsm["samples"]:
+        assert s["strict_correct"] == lm_eval_score(s["completion"], s["target"], "strict-match")[1]
+        assert s["flexible_correct"] == lm_eval_score(s["completion"], s["target"], "flexible-extract")[1]
+        assert s["verl_strict"] == gsm8k_reward(s["completion"], s["target"])
+    assert gsm["strict_match"] == pytest.approx(sum(s["strict_correct"] for s in gsm["samples"]) / 3)
+    assert result["settings"]["limit"] == 3 and result["wall_time_s"] > 0
+
+
+def test_eval_model_bad_input_exits_2(isolated: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "eval", "--model", str(isolated / "nope"),
+                           "--test-file", str(isolated / "t.jsonl"), "--train-file", str(isolated / "t.jsonl")],
+                          capture_output=True, text=True, cwd=isolated, timeout=60, check=False)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr + proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "eval", "--model", str(isolated), "--tasks", "mmlu"],
+                          capture_output=True, text=True, cwd=isolated, timeout=60, check=False)
+    assert proc.returncode == 2 and "unknown task" in proc.stderr + proc.stdout
