@@ -79,7 +79,8 @@ def expected(run: Path, engine: str, t: dict, policy: prune.Policy) -> tuple[set
     tracker = t["tracker"] if engine == "verl" and isinstance(t["tracker"], int) else None
     protected = set()
     for s in full:
-        if (s == newest or s == tracker or s in t["leased"] or s in t["young"]
+        young = s in t["young"] and s in t["ckpts"]  # only real folders get a fresh mtime (a link entry stays old)
+        if (s == newest or s == tracker or s in t["leased"] or young
                 or (not full[s].complete and (newest is None or s > newest))):
             protected.add(s)
     soft: list[tuple[int, int]] = [(1, s) for s in complete[::-1][: policy.keep_last]]
