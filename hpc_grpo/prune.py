@@ -407,8 +407,9 @@ def scan(run_dir: Path, engine: str, policy: Policy, prot: Protections) -> list[
             if step % policy.keep_every == 0:
                 check(step)
     if policy.keep_best:
-        order = sorted((s for s in items if s in prot.metrics), key=lambda s: (prot.metrics[s], s),
-                       reverse=policy.best_mode == "max")
+        # best first, ties newest first: the same order best_step() picks in
+        sign = 1 if policy.best_mode == "max" else -1
+        order = sorted((s for s in items if s in prot.metrics), key=lambda s: (sign * prot.metrics[s], s), reverse=True)
         for step in order:
             if check(step):
                 break
