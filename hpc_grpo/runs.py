@@ -22,7 +22,9 @@ from hpc_grpo.yamlio import SpecError
 
 HISTORY = "history.jsonl"
 SPEC = "spec.yaml"
-PURPOSES = ("train", "requeue", "resume", "eval")
+# train: first job; requeue: a restart (note: its cause first); resume: `hpc-grpo resume`; eval: evaluation job;
+# chain: a queued follow-on (cluster.restart=chain); stop: the run was not carried on (note: why).
+PURPOSES = ("train", "requeue", "resume", "eval", "chain", "stop")
 
 
 class RunBusy(SpecError):

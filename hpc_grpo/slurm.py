@@ -38,6 +38,7 @@ __all__ = [
     "partition_limits",
     "sacct_states",
     "squeue_states",
+    "time_left_s",
 ]
 
 
@@ -424,3 +425,23 @@ def cancel(job_id: str, signal: str | None = None) -> None:
         args.append(f"--signal={signal}")
     args.append(jid)
     _run(args)
+
+
+def time_left_s(job_id: str) -> int | None:
+    """Seconds left in a running job's allocation (squeue's TimeLeft); None when unknown or unlimited.
+
+    Tells a time-limit warning (little time left) from a preemption or a user's signal (much time left).
+    """
+    (jid,) = _check_ids([job_id])
+    args = ["squeue", "--noheader", "-j", jid, "-O", "TimeLeft:|"]
+    try:
+        text = _run(args, timeout=10)
+    except SlurmError as e:
+        if "invalid job id" in e.stderr.lower():
+            return None
+        raise
+    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    try:
+        return parse_duration(first.split("|")[0])
+    except ValueError:
+        return None

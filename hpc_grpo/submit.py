@@ -8,14 +8,18 @@ requeues it on timeout or preemption; resume itself comes from the checkpoints o
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import submitit
 
-from hpc_grpo import render, runs
+from hpc_grpo import render, restart, runs
+from hpc_grpo.resolve import load_frozen
 from hpc_grpo.spec import RunSpec
 from hpc_grpo.yamlio import SpecError
 
@@ -29,40 +33,122 @@ class Submission:
     job: Any = None
 
 
-class TrainJob:
-    """What each task of the job runs: the engine's launch script (Ray bootstrap for verl)."""
+class _TrainingFinished(Exception):
+    """Raised by checkpoint() inside submitit's USR2 handler when training ended meanwhile: __call__ returns."""
 
-    def __init__(self, run_dir: str) -> None:
+
+class TrainJob:
+    """What each task of the job runs: the engine's launch script (Ray bootstrap for verl).
+
+    `after` is set on a chained follow-on (cluster.restart=chain): the job it waits for with afternotok.
+    """
+
+    def __init__(self, run_dir: str, after: str | None = None) -> None:
         self.run_dir = run_dir
+        self.after = after
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"run_dir": self.run_dir, "after": self.after}  # never the live process
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["run_dir"], state.get("after"))  # type: ignore[misc]
 
     def __call__(self) -> int:
-        script = Path(self.run_dir) / "scripts" / "launch.sh"
-        proc = subprocess.run(["bash", str(script)], cwd=self.run_dir, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{script} exited with status {proc.returncode}; see the job's logs in {self.run_dir}")
-        return proc.returncode
-
-    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
-        """Called by submitit on timeout/preemption (global rank 0): record it, requeue the same callable.
-
-        The engine saves periodically and resumes from the newest complete checkpoint on disk, so the
-        requeued job continues; nothing in memory is relied on.
-        """
+        run_dir = Path(self.run_dir)
+        spec = load_frozen(run_dir / runs.SPEC)
         env = submitit.JobEnvironment()
-        runs.append_history(Path(self.run_dir), env.job_id, "requeue", "slurm", note="timeout or preemption")
+        if spec.cluster.scheduler == "slurm" and spec.cluster.restart == "chain":
+            from hpc_grpo.job import chain
+
+            if not chain.start(spec, env.job_id, env.global_rank, self.after):
+                return 0
+        script = run_dir / "scripts" / "launch.sh"
+        self._proc = subprocess.Popen(["bash", str(script)], cwd=self.run_dir)
+        try:
+            rc = self._proc.wait()
+        except _TrainingFinished:
+            return 0
+        if rc != 0:
+            if env.global_rank == 0:
+                runs.append_history(run_dir, env.job_id, "stop", spec.cluster.scheduler,
+                                    note=f"failed: {script.name} exited with status {rc}; not requeued")
+            raise RuntimeError(f"{script} exited with status {rc}; see the job's logs in {self.run_dir}")
+        return rc
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission | None:
+        """Called by submitit on USR2 (time-limit warning, preemption, scancel --signal; global rank 0 only).
+
+        trl: forward the signal to the training process and wait, at most the signal delay, for its save at the
+        next step boundary (hpc_grpo.job.save_signal). verl has no save hook: its last periodic save is what
+        survives. Then decide (hpc_grpo.restart): requeue, or stop and say why in the history. In chained mode
+        the job stays until Slurm ends it (TIMEOUT or PREEMPTED), which starts its follow-on.
+        """
+        from hpc_grpo import slurm
+
+        env = submitit.JobEnvironment()
+        run_dir = Path(self.run_dir)
+        spec = load_frozen(run_dir / runs.SPEC)
+        t0 = time.monotonic()
+        saved = self._wait_for_save(spec) if spec.recipe.engine == "trl" else None
+        if self._proc is not None and self._proc.poll() == 0:
+            raise _TrainingFinished()  # it trained to the end meanwhile: nothing to requeue
+        try:
+            left = slurm.time_left_s(env.job_id)
+        except slurm.SlurmError:
+            left = None
+        decision = restart.decide_for_run(run_dir, spec, left)
+        what = (f"saved step {saved} in {time.monotonic() - t0:.1f} s" if saved is not None
+                else "no save on the signal: resumes from the newest complete checkpoint")
+        note = f"{decision.reason}; {what}; {'?' if left is None else left} s were left"
+        print(f"hpc-grpo: USR2: {note}", flush=True)
+        if spec.cluster.restart == "chain":
+            print("hpc-grpo: chained mode: waiting for Slurm to end this job; its follow-on then starts", flush=True)
+            while True:
+                time.sleep(30)
+        if not decision.requeue:
+            runs.append_history(run_dir, env.job_id, "stop", "slurm", note=note)
+            return None
+        runs.append_history(run_dir, env.job_id, "requeue", "slurm", note=note)
         return submitit.helpers.DelayedSubmission(TrainJob(self.run_dir))
+
+    def _wait_for_save(self, spec: RunSpec) -> int | None:
+        """Forward USR2 to the training process and wait for it to save and exit; the step it saved, or None."""
+        from hpc_grpo.job import save_signal
+
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGUSR2)  # launch.sh execs the trainer: same pid
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + restart.save_budget_s(spec.cluster.signal_delay_s)
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+        marker = save_signal.read_marker(Path(self.run_dir))
+        if marker and marker.get("pid") == proc.pid and proc.returncode == save_signal.STOPPED_FOR_REQUEUE:
+            return int(marker["step"])
+        return None
 
 
 class TemplateSlurmExecutor(submitit.SlurmExecutor):
-    """submitit's SlurmExecutor, with the batch script rendered from templates/sbatch.sh.j2."""
+    """submitit's SlurmExecutor, with the batch script rendered from templates/sbatch.sh.j2.
 
-    def __init__(self, spec: RunSpec) -> None:
-        super().__init__(folder=render.submitit_dir(spec), max_num_timeout=20)
+    submitit's own timeout count is made unreachable: hpc_grpo.restart decides (preemptions never count, time
+    limits up to resources.max_timeout_requeues), and submitit counts every USR2 as a timeout when the time
+    limit is 10 minutes or less.
+    """
+
+    def __init__(self, spec: RunSpec, extra_sbatch: list[tuple[str, Any]] | None = None) -> None:
+        super().__init__(folder=render.submitit_dir(spec), max_num_timeout=1_000_000)
         self.spec = spec
+        self.extra_sbatch = list(extra_sbatch or [])
         self.last_script = ""
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        self.last_script = render.render_sbatch(self.spec, command)
+        self.last_script = render.render_sbatch(self.spec, command, extra=self.extra_sbatch)
         return self.last_script
 
 
@@ -111,6 +197,7 @@ def write_run(spec: RunSpec, files: dict[str, str]) -> None:
 
 def submit_run(spec: RunSpec, files: dict[str, str], purpose: str = "train") -> Submission:
     """Create the run directory, write the frozen spec and scripts, submit, record the job id."""
+    restart.check(spec)
     if spec.cluster.scheduler == "slurm":
         check_partition(spec)
     with runs.submit_lock(spec.path):
@@ -141,3 +228,21 @@ def _submit_local(spec: RunSpec, purpose: str) -> Submission:
     log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
     return Submission(spec.path, job.job_id, "local", str(log), job)
 
+
+
+def submit_follow_on(spec: RunSpec, after: str) -> str:
+    """Chained mode: queue the run's next job, to start only if job `after` does not end well (afternotok).
+
+    Submitted from inside a job: submitit's clean_env() drops the job's SLURM_* variables (the new job would
+    inherit its allocation's), but also SLURM_CONF, which the clients need to find a non-system cluster.
+    `--kill-on-invalid-dep` removes the follow-on when `after` completes, so it never waits forever.
+    """
+    executor = TemplateSlurmExecutor(spec, extra_sbatch=[("dependency", f"afternotok:{after}"),
+                                                         ("kill-on-invalid-dep", "yes")])
+    executor.update_parameters(**slurm_parameters(spec))
+    conf = os.environ.get("SLURM_CONF")
+    with submitit.helpers.clean_env():
+        if conf:
+            os.environ["SLURM_CONF"] = conf
+        job = executor.submit(TrainJob(spec.run_dir, after=after))
+    return str(job.job_id)

@@ -32,6 +32,7 @@ from hpc_grpo.engines.trl import (
     lora_config_kwargs,
     newest_complete,
 )
+from hpc_grpo.job import save_signal
 from hpc_grpo.spec import RunSpec
 
 METRICS_FILE = "metrics.jsonl"
@@ -300,8 +301,11 @@ def metrics_callback(path: Path, max_steps: int) -> Any:
 
 
 # --------------------------------------------------------------------------------------------- main
-def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
-    """Build everything from the spec, resume from the newest complete checkpoint, train, report."""
+def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | None = None) -> dict[str, Any]:
+    """Build everything from the spec, resume from the newest complete checkpoint, train, report.
+
+    With `on_signal` (installed by main), a USR2 makes the trainer save at the next step end and stop; the
+    result then has "stopped_on_signal" and no train_done.json is written (the run is not done)."""
     t0 = time.time()
     run_dir = Path(spec.run_dir)
     if spec_path.resolve().parent != run_dir.resolve():
@@ -367,8 +371,20 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     )
     trainer.remove_callback(PrinterCallback)  # prints every raw log dict; ours prints one line per step
     trainer.add_callback(metrics_callback(run_dir / METRICS_FILE, config.max_steps))
+    if on_signal is not None:
+        trainer.add_callback(save_signal.callback(on_signal))
     log("trainer ready: training")
     result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
+
+    step = trainer.state.global_step
+    if on_signal is not None and on_signal.requested and step < trainer.state.max_steps:
+        saved = newest_complete(ckpt_dir)
+        if saved is None or saved.step != step:
+            raise JobError(f"stopped on the signal at step {step}, but checkpoint-{step} is not complete on disk")
+        marker = on_signal.write_marker(run_dir, step, str(saved.path))
+        log(f"saved {saved.path.name} on the signal {marker['saved_at'] - marker['signal_at']:.1f} s after it "
+            "came: stopping for the requeue")
+        return {"stopped_on_signal": True, "final_step": step, "last_checkpoint": str(saved.path)}
 
     runtime = float(result.metrics.get("train_runtime", 0.0))
     final = newest_complete(ckpt_dir)
@@ -411,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpc_grpo.job.trl_job", description=__doc__.split("\n")[0])
     parser.add_argument("--spec", required=True, type=Path, help="RUN_DIR/spec.yaml (the frozen run spec)")
     args = parser.parse_args(argv)
+    # First of all: from here on a USR2 asks for a save instead of killing the process.
+    on_signal = save_signal.SaveOnSignal()
+    on_signal.install()
     from hpc_grpo.resolve import load_frozen
     from hpc_grpo.yamlio import SpecError
 
@@ -418,11 +437,11 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_frozen(args.spec)
         if spec.recipe.engine != "trl":
             raise JobError(f"{args.spec} is a {spec.recipe.engine} run, not trl")
-        train(spec, args.spec)
+        result = train(spec, args.spec, on_signal)
     except (JobError, SpecError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
-    return 0
+    return save_signal.STOPPED_FOR_REQUEUE if result.get("stopped_on_signal") else 0
 
 
 if __name__ == "__main__":
