@@ -36,6 +36,7 @@ __all__ = [
     "parse_sinfo",
     "parse_squeue",
     "partition_limits",
+    "requeue",
     "sacct_states",
     "squeue_states",
     "time_left_s",
@@ -445,3 +446,9 @@ def time_left_s(job_id: str) -> int | None:
         return parse_duration(first.split("|")[0])
     except ValueError:
         return None
+
+
+def requeue(job_id: str) -> None:
+    """`scontrol requeue`: Slurm sends SIGTERM (no save on the signal: the run resumes from its newest checkpoint)."""
+    (jid,) = _check_ids([job_id])
+    _run(["scontrol", "requeue", jid])

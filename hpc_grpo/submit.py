@@ -19,6 +19,7 @@ from typing import Any
 import submitit
 
 from hpc_grpo import render, restart, runs
+from hpc_grpo.job import save_signal
 from hpc_grpo.resolve import load_frozen
 from hpc_grpo.spec import RunSpec
 from hpc_grpo.yamlio import SpecError
@@ -47,6 +48,7 @@ class TrainJob:
         self.run_dir = run_dir
         self.after = after
         self._proc: subprocess.Popen[bytes] | None = None
+        self._attempt: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"run_dir": self.run_dir, "after": self.after}  # never the live process
@@ -58,17 +60,28 @@ class TrainJob:
         run_dir = Path(self.run_dir)
         spec = load_frozen(run_dir / runs.SPEC)
         env = submitit.JobEnvironment()
-        if spec.cluster.scheduler == "slurm" and spec.cluster.restart == "chain":
+        chained = spec.cluster.scheduler == "slurm" and spec.cluster.restart == "chain"
+        self._attempt = f"{env.job_id}.{os.environ.get('SLURM_RESTART_COUNT', '0')}.{os.getpid()}"
+        if chained:
+            # Not submitit's checkpoint-and-requeue: ask for the save and let Slurm end the job (TIMEOUT,
+            # PREEMPTED), which starts the follow-on queued below.
+            signal.signal(signal.SIGUSR2, lambda signum, frame: self._request_save())
             from hpc_grpo.job import chain
 
             if not chain.start(spec, env.job_id, env.global_rank, self.after):
                 return 0
         script = run_dir / "scripts" / "launch.sh"
-        self._proc = subprocess.Popen(["bash", str(script)], cwd=self.run_dir)
+        child_env = {**os.environ, save_signal.ATTEMPT_ENV: self._attempt}
+        self._proc = subprocess.Popen(["bash", str(script)], cwd=self.run_dir, env=child_env)
         try:
             rc = self._proc.wait()
         except _TrainingFinished:
             return 0
+        if rc == save_signal.STOPPED_FOR_REQUEUE and chained:
+            print("hpc-grpo: saved on the signal; chained mode: waiting for Slurm to end this job, its follow-on "
+                  "then resumes", flush=True)
+            while True:
+                time.sleep(30)
         if rc != 0:
             if env.global_rank == 0:
                 runs.append_history(run_dir, env.job_id, "stop", spec.cluster.scheduler,
@@ -76,19 +89,37 @@ class TrainJob:
             raise RuntimeError(f"{script} exited with status {rc}; see the job's logs in {self.run_dir}")
         return rc
 
+    def _request_save(self) -> None:
+        """Ask the training process for a save at its next step end: a request file (read at every step end,
+        also when the signal came during its start-up) and the signal itself."""
+        if self._attempt is None:
+            return
+        save_signal.write_request(Path(self.run_dir), self._attempt)
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGUSR2)  # launch.sh execs the trainer: same pid
+            except ProcessLookupError:
+                pass
+
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission | None:
         """Called by submitit on USR2 (time-limit warning, preemption, scancel --signal; global rank 0 only).
 
-        trl: forward the signal to the training process and wait, at most the signal delay, for its save at the
-        next step boundary (hpc_grpo.job.save_signal). verl has no save hook: its last periodic save is what
-        survives. Then decide (hpc_grpo.restart): requeue, or stop and say why in the history. In chained mode
-        the job stays until Slurm ends it (TIMEOUT or PREEMPTED), which starts its follow-on.
+        trl: ask the training process for a save at its next step boundary (hpc_grpo.job.save_signal) and wait
+        for it, at most the signal delay. verl has no save hook: its last periodic save is what survives. Then
+        decide (hpc_grpo.restart): requeue, or stop and say why in the history.
         """
         from hpc_grpo import slurm
 
         env = submitit.JobEnvironment()
         run_dir = Path(self.run_dir)
         spec = load_frozen(run_dir / runs.SPEC)
+        if spec.cluster.restart == "chain":
+            # Only reached when the signal came before __call__ installed the chained handler (its first second).
+            runs.append_history(run_dir, env.job_id, "stop", "slurm",
+                                note="USR2 came while the job was starting: chained mode cannot carry on; "
+                                     "`hpc-grpo resume` restarts from the newest checkpoint")
+            return None
         t0 = time.monotonic()
         saved = self._wait_for_save(spec) if spec.recipe.engine == "trl" else None
         if self._proc is not None and self._proc.poll() == 0:
@@ -102,10 +133,6 @@ class TrainJob:
                 else "no save on the signal: resumes from the newest complete checkpoint")
         note = f"{decision.reason}; {what}; {'?' if left is None else left} s were left"
         print(f"hpc-grpo: USR2: {note}", flush=True)
-        if spec.cluster.restart == "chain":
-            print("hpc-grpo: chained mode: waiting for Slurm to end this job; its follow-on then starts", flush=True)
-            while True:
-                time.sleep(30)
         if not decision.requeue:
             runs.append_history(run_dir, env.job_id, "stop", "slurm", note=note)
             return None
@@ -113,20 +140,21 @@ class TrainJob:
         return submitit.helpers.DelayedSubmission(TrainJob(self.run_dir))
 
     def _wait_for_save(self, spec: RunSpec) -> int | None:
-        """Forward USR2 to the training process and wait for it to save and exit; the step it saved, or None."""
-        from hpc_grpo.job import save_signal
-
+        """Request the save and wait for the training process to save and exit; the step it saved, or None."""
         proc = self._proc
         if proc is None:
             return None
+        self._request_save()
+        deadline = time.monotonic() + restart.save_budget_s(spec.cluster.signal_delay_s)
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
         if proc.poll() is None:
-            try:
-                os.kill(proc.pid, signal.SIGUSR2)  # launch.sh execs the trainer: same pid
-            except ProcessLookupError:
-                pass
-            deadline = time.monotonic() + restart.save_budget_s(spec.cluster.signal_delay_s)
-            while proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.1)
+            # No save in time. It holds SIGTERM off while its save is pending, and once this process is gone it
+            # would outlive the job (an orphan escapes Slurm's process tracking) and write beside the requeued one.
+            print(f"hpc-grpo: no save within {restart.save_budget_s(spec.cluster.signal_delay_s):.0f} s of the "
+                  "signal: stopping the trainer", flush=True)
+            proc.kill()
+            proc.wait()
         marker = save_signal.read_marker(Path(self.run_dir))
         if marker and marker.get("pid") == proc.pid and proc.returncode == save_signal.STOPPED_FOR_REQUEUE:
             return int(marker["step"])

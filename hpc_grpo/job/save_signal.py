@@ -7,6 +7,12 @@ reads the flag at each step end and asks the trainer to save and stop. SIGTERM (
 after its grace time, `scontrol requeue`) is held off while a save is pending, so the checkpoint being written is
 not torn; without a pending save SIGTERM ends the process as it always did (resume then comes from disk).
 
+A second channel covers a signal that comes while the process is still starting (the launch script ignores USR2
+until this process installs its handler): TrainJob writes `save_request` into the run directory, holding this
+attempt's key (HPC_GRPO_ATTEMPT, set by TrainJob for its child), and the callback reads it at every step end. A
+request of an earlier attempt (another key) is ignored. Every attempt still trains at least one step before it
+stops, so a run whose signal always comes early still moves on.
+
 When the save is done, `signal_save.json` in the run directory says which step it holds: TrainJob.checkpoint()
 and tools/bench_faults.py read it.
 """
@@ -21,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 MARKER = "signal_save.json"
+REQUEST = "save_request"
+ATTEMPT_ENV = "HPC_GRPO_ATTEMPT"
 # Exit status of a training process that stopped after a save on the signal (EX_TEMPFAIL: "try again").
 STOPPED_FOR_REQUEUE = 75
 
@@ -28,14 +36,20 @@ STOPPED_FOR_REQUEUE = 75
 class SaveOnSignal:
     """The flag and its handlers; one per training process."""
 
-    def __init__(self) -> None:
-        self.requested_at: float | None = None  # time.time() of the first USR2
+    def __init__(self, run_dir: Path | None = None, attempt: str | None = None) -> None:
+        self.requested_at: float | None = None  # time.time() of the first USR2 (or of the request file)
         self.saving = False
         self.saved_step: int | None = None
         self.held_sigterm = 0
+        self.run_dir = run_dir
+        self.attempt = attempt if attempt is not None else os.environ.get(ATTEMPT_ENV)
 
     @property
     def requested(self) -> bool:
+        if self.requested_at is None and self.run_dir is not None and self.attempt:
+            request = read_request(self.run_dir)
+            if request and request.get("attempt") == self.attempt:
+                self.requested_at = float(request.get("time") or time.time())
         return self.requested_at is not None
 
     def install(self) -> None:
@@ -67,12 +81,27 @@ class SaveOnSignal:
         return data
 
 
-def read_marker(run_dir: Path) -> dict[str, Any] | None:
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads((run_dir / MARKER).read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_marker(run_dir: Path) -> dict[str, Any] | None:
+    return _read_json(run_dir / MARKER)
+
+
+def read_request(run_dir: Path) -> dict[str, Any] | None:
+    return _read_json(run_dir / REQUEST)
+
+
+def write_request(run_dir: Path, attempt: str) -> None:
+    """Ask the training process of `attempt` to save at its next step end (atomic: it polls the file)."""
+    tmp = run_dir / f".{REQUEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"attempt": attempt, "time": time.time()}) + "\n", encoding="utf-8")
+    os.replace(tmp, run_dir / REQUEST)
 
 
 def callback(state: SaveOnSignal) -> Any:

@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, type=Path, help="RUN_DIR/spec.yaml (the frozen run spec)")
     args = parser.parse_args(argv)
     # First of all: from here on a USR2 asks for a save instead of killing the process.
-    on_signal = save_signal.SaveOnSignal()
+    on_signal = save_signal.SaveOnSignal(args.spec.resolve().parent)
     on_signal.install()
     from hpc_grpo.resolve import load_frozen
     from hpc_grpo.yamlio import SpecError
