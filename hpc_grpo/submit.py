@@ -49,6 +49,7 @@ class TrainJob:
         self.after = after
         self._proc: subprocess.Popen[bytes] | None = None
         self._attempt: str | None = None
+        self._started = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
         return {"run_dir": self.run_dir, "after": self.after}  # never the live process
@@ -72,11 +73,16 @@ class TrainJob:
                 return 0
         script = run_dir / "scripts" / "launch.sh"
         child_env = {**os.environ, save_signal.ATTEMPT_ENV: self._attempt}
+        self._started = time.time()
         self._proc = subprocess.Popen(["bash", str(script)], cwd=self.run_dir, env=child_env)
         try:
-            rc = self._proc.wait()
+            # Not Popen.wait(): it holds a lock the USR2 handler (checkpoint) would then wait on forever.
+            while (rc := self._proc.poll()) is None:
+                time.sleep(0.2)
         except _TrainingFinished:
             return 0
+        if rc != 0 and self._finished():
+            rc = 0  # killed by a late signal after it had written train_done.json: the run is trained
         if rc == save_signal.STOPPED_FOR_REQUEUE and chained:
             print("hpc-grpo: saved on the signal; chained mode: waiting for Slurm to end this job, its follow-on "
                   "then resumes", flush=True)
@@ -122,7 +128,7 @@ class TrainJob:
             return None
         t0 = time.monotonic()
         saved = self._wait_for_save(spec) if spec.recipe.engine == "trl" else None
-        if self._proc is not None and self._proc.poll() == 0:
+        if saved is None and self._finished():
             raise _TrainingFinished()  # it trained to the end meanwhile: nothing to requeue
         try:
             left = slurm.time_left_s(env.job_id)
@@ -145,20 +151,42 @@ class TrainJob:
         if proc is None:
             return None
         self._request_save()
-        deadline = time.monotonic() + restart.save_budget_s(spec.cluster.signal_delay_s)
-        while proc.poll() is None and time.monotonic() < deadline:
+        budget = restart.save_budget_s(spec.cluster.signal_delay_s)
+        deadline = time.monotonic() + budget
+        while not self._exited() and time.monotonic() < deadline:
             time.sleep(0.1)
-        if proc.poll() is None:
+        if not self._exited():
             # No save in time. It holds SIGTERM off while its save is pending, and once this process is gone it
             # would outlive the job (an orphan escapes Slurm's process tracking) and write beside the requeued one.
-            print(f"hpc-grpo: no save within {restart.save_budget_s(spec.cluster.signal_delay_s):.0f} s of the "
-                  "signal: stopping the trainer", flush=True)
+            print(f"hpc-grpo: no save within {budget:.0f} s of the signal: stopping the trainer", flush=True)
             proc.kill()
-            proc.wait()
+            end = time.monotonic() + 30
+            while not self._exited() and time.monotonic() < end:
+                time.sleep(0.1)
+            return None
         marker = save_signal.read_marker(Path(self.run_dir))
-        if marker and marker.get("pid") == proc.pid and proc.returncode == save_signal.STOPPED_FOR_REQUEUE:
-            return int(marker["step"])
-        return None
+        return int(marker["step"]) if marker and marker.get("pid") == proc.pid else None
+
+    def _exited(self) -> bool:
+        """Whether the training process has ended. Inside the signal handler Popen.poll() cannot reap it (the
+        interrupted main thread may hold Popen's lock), so a zombie in /proc also counts as ended."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return True
+        try:
+            state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        return state in ("Z", "X")
+
+    def _finished(self) -> bool:
+        """The training process ended by finishing the run (train_done.json written during this attempt)."""
+        if self._proc is None or not self._exited():
+            return False
+        if self._proc.returncode == 0:
+            return True
+        done = Path(self.run_dir) / "train_done.json"
+        return done.is_file() and done.stat().st_mtime >= self._started
 
 
 class TemplateSlurmExecutor(submitit.SlurmExecutor):

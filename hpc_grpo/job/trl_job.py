@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -438,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         if spec.recipe.engine != "trl":
             raise JobError(f"{args.spec} is a {spec.recipe.engine} run, not trl")
         result = train(spec, args.spec, on_signal)
+        # Python's shutdown puts the default action (death) back on signals it handled: a USR2 that came now
+        # would kill a finished process. Ignored stays ignored.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     except (JobError, SpecError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
