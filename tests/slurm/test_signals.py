@@ -7,8 +7,9 @@ SAVE_FREQ, after the faults), runs on slurm-dev and is hit after FAULT_AFTER ste
 Each must save at the next step boundary, be requeued, resume from the saved step (steps lost: 0) and finish
 with a final adapter bitwise equal to an uninterrupted run's (same seed, CPU). The uninterrupted run uses
 cluster=local (the same CPU code, no cluster time); its equality with the Slurm runs is what the tests assert.
-A chained run (cluster.restart=chain, resources.time=1 minute, signal 55 s before the end: the signal comes while
-the trainer starts, so every job trains exactly one step and saves) survives two time limits and finishes.
+A chained run (cluster.restart=chain, resources.time=1 minute, signal 58 s before the end, the trainer started
+15 s late: the signal comes before its first step, so every job trains exactly one step, saves, and ends by its
+time limit) survives two time limits and finishes.
 The chained run and the reference are started first and run while the fault tests run.
 """
 
@@ -35,7 +36,11 @@ STEPS, SAVE_FREQ, FAULT_AFTER = 12, 10, 3
 SHRINK = [f"train.total_training_steps={STEPS}", f"checkpoint.save_freq={SAVE_FREQ}", "checkpoint.keep=2",
           "grpo.entropy_coeff=0.01", "batch.train=2", "batch.mini=2", "batch.micro_per_gpu=4",
           "batch.log_prob_micro_per_gpu=4", "grpo.n=2", "data.max_response_length=8"]
-CHAIN = ["cluster.restart=chain", "resources.time=1", "cluster.signal_delay_s=55", "train.total_training_steps=3"]
+# Slurm sends the time-limit warning on slurmctld's ~30 s tick, up to 60 s early: with 1 minute and 58 s it comes
+# 2-32 s into the job. The trainer is started 15 s late (launch.driver wraps it in a sleep) so that it always
+# comes before the first step: each job then trains exactly one step, saves, and ends by its time limit.
+CHAIN = ["cluster.restart=chain", "resources.time=1", "cluster.signal_delay_s=58", "train.total_training_steps=3"]
+CHAIN_START_DELAY_S = 15
 DEADLINE_S = 420.0  # a loaded 2-core machine shared with other helpers: generous, never a sleep
 
 
@@ -96,7 +101,10 @@ def reference(env: Env) -> subprocess.Popen[str]:
 @pytest.fixture(scope="module")
 def chained(env: Env) -> Path:
     """Submitted first, so its two time limits pass while the fault tests run."""
-    return env.submit(env.name("chain"), *CHAIN)
+    name = env.name("chain")
+    spec = env.runs_root / name / "spec.yaml"
+    driver = f"launch.driver=[bash,-c,sleep {CHAIN_START_DELAY_S} && exec python3 -m hpc_grpo.job.trl_job --spec {spec}]"
+    return env.submit(name, *CHAIN, driver)
 
 
 def adapter(run_dir: Path, step: int) -> dict:
