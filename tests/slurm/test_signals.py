@@ -209,14 +209,6 @@ def check_fault_run(env: Env, run: FaultRun, reference: subprocess.Popen[str], c
         assert torch.equal(ref[key], final[key]), f"{key} differs from the uninterrupted run"
 
 
-def test_usr2_saves_requeues_and_ends_equal(env: Env, reference: subprocess.Popen[str], chained: Path) -> None:
-    run = run_with_fault(env, env.name("usr2"), lambda job: (slurm.cancel(job, signal="USR2"), lambda: None)[1])
-    print(f"\nUSR2: saved step {run.resumed_from}, steps lost {run.last_step_before - run.resumed_from}, "
-          f"fault -> first resumed step {run.first_resumed_step_s:.1f} s")
-    check_fault_run(env, run, reference, restart.PREEMPTION)  # much time left: not counted as a time limit
-    assert run.first_resumed_step_s < 180
-
-
 def preempt(env: Env, job_id: str):
     """A job in the high partition that needs more CPUs than are idle on the job's node: Slurm preempts."""
     node = slurm.job_states([job_id])[job_id].nodelist
@@ -230,11 +222,20 @@ def preempt(env: Env, job_id: str):
     return lambda: slurm.cancel(hi)
 
 
-def test_preemption_saves_requeues_and_ends_equal(env: Env, reference: subprocess.Popen[str], chained: Path) -> None:
+def test_preemption_saves_requeues_and_ends_equal(env: Env, reference: subprocess.Popen[str]) -> None:
+    """First: the chained run must not share a node with the preemptor, so it starts after this test."""
     run = run_with_fault(env, env.name("preempt"), lambda job: preempt(env, job))
     print(f"\npreemption: saved step {run.resumed_from}, steps lost {run.last_step_before - run.resumed_from}, "
           f"fault -> first resumed step {run.first_resumed_step_s:.1f} s")
     check_fault_run(env, run, reference, restart.PREEMPTION)
+    assert run.first_resumed_step_s < 180
+
+
+def test_usr2_saves_requeues_and_ends_equal(env: Env, reference: subprocess.Popen[str], chained: Path) -> None:
+    run = run_with_fault(env, env.name("usr2"), lambda job: (slurm.cancel(job, signal="USR2"), lambda: None)[1])
+    print(f"\nUSR2: saved step {run.resumed_from}, steps lost {run.last_step_before - run.resumed_from}, "
+          f"fault -> first resumed step {run.first_resumed_step_s:.1f} s")
+    check_fault_run(env, run, reference, restart.PREEMPTION)  # much time left: not counted as a time limit
     assert run.first_resumed_step_s < 180
 
 
@@ -251,9 +252,14 @@ def test_chained_run_survives_two_time_limits(env: Env, chained: Path) -> None:
     trained = [h.job_id for h in history if h.purpose in ("train", "requeue")]
     states = [infos[j].state for j in trained]
     print(f"\nchained: jobs {trained} ended {states}; history {[(h.job_id, h.purpose, h.note) for h in history]}")
-    assert states == ["TIMEOUT", "TIMEOUT", "COMPLETED"], (states, log_tail(chained, trained[-1]))
+    # Other users' high-partition jobs may preempt it too (the cluster is shared): a preemption is one more
+    # restart, never a failure. Without one it is exactly TIMEOUT, TIMEOUT, COMPLETED.
+    assert states[-1] == "COMPLETED", (states, log_tail(chained, trained[-1]))
+    assert set(states[:-1]) <= {"TIMEOUT", "PREEMPTED"}, states
+    assert len(states) >= 3, states  # two restarts at least
     requeues = [h for h in history if h.purpose == "requeue"]
-    assert len(requeues) == 2 and all(h.note.startswith(restart.TIME_LIMIT) for h in requeues), requeues
+    assert len(requeues) == len(states) - 1, requeues
+    assert [h.note.startswith(restart.TIME_LIMIT) for h in requeues] == [s == "TIMEOUT" for s in states[:-1]], requeues
     follow_ons = [h.job_id for h in history if h.purpose == "chain"]
     assert follow_ons[:2] == trained[1:]  # each job queued the next one
     assert infos[follow_ons[-1]].state == "CANCELLED"  # the last job completed: its follow-on never ran
