@@ -315,7 +315,8 @@ def wait_for(submission: Any) -> int:
     status = run_status(submission.run_dir)
     print_status(status)
     print_training_summary(submission.run_dir)
-    ok = state in ("COMPLETED", "FINISHED", "DONE") or (status.jobs and status.jobs[-1].state == "COMPLETED")
+    # The run's own row, not submitit's state: a local job that raised is "FINISHED" to submitit.
+    ok = status.jobs[-1].state == "COMPLETED" if status.jobs else state == "COMPLETED"
     return 0 if ok else 1
 
 
@@ -344,6 +345,16 @@ def print_status(status: Any) -> None:
         t.add_row(j.job_id, j.purpose, j.submitted, j.state, str(j.elapsed_s if j.elapsed_s is not None else "-"),
                   j.exit_code or "-", j.nodes or "-")
     out.print(t)
+    if status.restarts:
+        t = Table(title="Restarts")
+        for col in ("job", "start", "previous allocation ended", "cause", "resumed from step", "detail"):
+            t.add_column(col, overflow="fold")
+        for r in status.restarts:
+            t.add_row(r.job_id, str(r.attempt), r.ended, r.cause,
+                      "-" if r.resumed_step is None else str(r.resumed_step), r.detail or "-")
+        out.print(t)
+    for failure in status.failures:
+        out.print(f"[bold red]stopped:[/] {failure}")
     out.print(f"Last step: {status.last_step if status.last_step is not None else '-'}   complete checkpoints: "
               f"{status.complete_checkpoints}   newest: {status.newest_checkpoint or '-'}   time used: {status.time_used_s} s")
     for log in status.logs:
@@ -363,6 +374,42 @@ def status(
         print_json(result.as_dict())
     else:
         print_status(result)
+
+
+@app.command()
+def resume(
+    args: Annotated[Optional[list[str]], typer.Argument(help="[RUN] [key=value ...] (resources.* and time limits)",
+                                                        show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="allow other overrides; resubmit a finished run")] = False,
+    wait: Annotated[Optional[bool], typer.Option("--wait/--no-wait", help="follow the job to its end "
+                                                 "(default: on for cluster=local)")] = None,
+) -> None:
+    """Resubmit a run from its frozen spec; training goes on from its newest complete checkpoint."""
+    from hpc_grpo.resume import plan_resume, submit_resume
+    from hpc_grpo.status import locate_run
+
+    items = list(args or [])
+    run = items.pop(0) if items and "=" not in items[0] else None
+    plan = plan_resume(locate_run(run), items, force)
+    spec = plan.spec
+    for line in plan.describe(force):
+        out.print(line)
+    if plan.finished is not None and not force:
+        return
+    from hpc_grpo.plan import run_plan
+
+    checked = run_plan(spec, schema=False, for_submit=True)  # the overrides may not fit the cluster any more
+    if not checked.ok:
+        print_findings(checked.findings, err)
+        err.print("Nothing submitted: fix the errors above.")
+        raise typer.Exit(1)
+    submission = submit_resume(plan)
+    out.print(f"Job: {submission.job_id} ({submission.executor})")
+    out.print(f"Follow it: hpc-grpo status {spec.run_name}    logs: {submission.log_hint}")
+    if wait is None:
+        wait = spec.cluster.scheduler == "local"
+    if wait:
+        raise typer.Exit(wait_for(submission))
 
 
 @app.command("runs")

@@ -188,6 +188,8 @@ def launch_context(spec: RunSpec) -> dict[str, Any]:
         "cpus_per_node": r.resources.cpus_per_task or spec.cluster.cpus_per_node,
         "join_timeout_s": r.launch.ray_join_timeout_s,
         "ray_dir": f"{spec.run_dir}/ray",
+        # verl's own driver gets the overrides resume preparation writes at job start (a custom one does not)
+        "resume_args": spec.recipe.launch.driver is None,
     }
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "LIVE_STATES",
+    "Attempt",
     "JobInfo",
     "PartitionLimits",
     "SlurmError",
@@ -28,8 +29,10 @@ __all__ = [
     "batch_script",
     "cancel",
     "is_live",
+    "job_attempts",
     "job_states",
     "normalize_state",
+    "parse_attempts",
     "parse_duration",
     "parse_gres_gpus",
     "parse_sacct",
@@ -395,6 +398,49 @@ def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
     return found
 
 
+_ATTEMPT_FIELDS = "JobID,State,Elapsed,ExitCode,NodeList,Reason,Start,End"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One allocation of a job: a requeued job keeps its id and gets one row per start (sacct --duplicates)."""
+
+    info: JobInfo
+    start: str  # "2026-12-03T07:42:36", "Unknown" while pending
+    end: str
+
+
+def parse_attempts(text: str) -> dict[str, list[Attempt]]:
+    """Attempts per job, oldest first, from `sacct --parsable2 --noheader -X -D -o JobID,...,Start,End`."""
+    out: dict[str, list[Attempt]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = line.split("|")
+        if len(f) < 8:
+            raise ValueError(f"unexpected sacct line: {line!r}")
+        (info,) = parse_sacct("|".join(f[:6])).values() or (None,)
+        if info is None:
+            continue
+        out.setdefault(info.job_id, []).append(Attempt(info, f[6].strip(), f[7].strip()))
+    return out
+
+
+def job_attempts(job_ids: list[str]) -> dict[str, list[Attempt]]:
+    """Every allocation of each job (requeues, preemptions, time limits), oldest first; {} without accounting."""
+    ids = _check_ids(job_ids)
+    if not ids:
+        return {}
+    args = ["sacct", "--parsable2", "--noheader", "-X", "-D", "-j", ",".join(ids), "-o", _ATTEMPT_FIELDS]
+    try:
+        text = _run(args, timeout=30)
+    except SlurmError as e:
+        if "accounting storage is disabled" in e.stderr.lower():
+            return {}
+        raise
+    return parse_attempts(text)
+
+
 def is_live(state: str) -> bool:
     """True while the job holds or will hold an allocation again (pending, running, requeued, suspended...)."""
     return normalize_state(state) in LIVE_STATES
@@ -411,6 +457,12 @@ def batch_script(job_id: str) -> str:
     if not out:
         raise SlurmError(args, err or f"no batch script for job {jid} (finished more than MinJobAge ago?)")
     return out
+
+
+def requeue(job_id: str) -> None:
+    """`scontrol requeue`: Slurm sends SIGTERM (no save hook runs) and queues the job again under its id."""
+    (jid,) = _check_ids([job_id])
+    _run(["scontrol", "requeue", jid])
 
 
 def cancel(job_id: str, signal: str | None = None) -> None:
@@ -446,9 +498,3 @@ def time_left_s(job_id: str) -> int | None:
         return parse_duration(first.split("|")[0])
     except ValueError:
         return None
-
-
-def requeue(job_id: str) -> None:
-    """`scontrol requeue`: Slurm sends SIGTERM (no save on the signal: the run resumes from its newest checkpoint)."""
-    (jid,) = _check_ids([job_id])
-    _run(["scontrol", "requeue", jid])

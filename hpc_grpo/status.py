@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo import checkpoints as ck
 from hpc_grpo import registry, render, runs
 from hpc_grpo.resolve import load_frozen, load_raw
 from hpc_grpo.spec import Cluster, RunSpec
@@ -56,9 +57,28 @@ class JobRow:
 
 
 @dataclass
+class Restart:
+    """One restart of a job: the allocation that ended, why, and where the next start resumed."""
+
+    job_id: str
+    attempt: int  # the start that followed (1 = first restart)
+    ended: str
+    cause: str  # "time limit", "preemption", "requeue (scontrol requeue: SIGTERM, no save)", "node failure", ...
+    resumed_step: int | None
+    detail: str = ""
+
+
+# sacct's state of an allocation that ended in a restart -> the cause people recognise
+CAUSES = {"TIMEOUT": "time limit", "PREEMPTED": "preemption", "NODE_FAIL": "node failure",
+          "REQUEUED": "requeue", "BOOT_FAIL": "node failure (boot)", "DEADLINE": "deadline"}
+
+
+@dataclass
 class RunStatus:
     spec: RunSpec
     jobs: list[JobRow] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # "failed" events: why a job stopped (disk full, ...)
     last_step: int | None = None
     newest_checkpoint: str | None = None
     complete_checkpoints: int = 0
@@ -72,16 +92,12 @@ class RunStatus:
         return {"run": self.spec.run_name, "run_dir": self.spec.run_dir, "recipe": self.spec.recipe.name,
                 "cluster": self.spec.cluster.name, "jobs": [j.__dict__ for j in self.jobs],
                 "last_step": self.last_step, "newest_checkpoint": self.newest_checkpoint,
-                "complete_checkpoints": self.complete_checkpoints, "time_used_s": self.time_used_s, "logs": self.logs}
+                "complete_checkpoints": self.complete_checkpoints, "time_used_s": self.time_used_s, "logs": self.logs,
+                "restarts": [r.__dict__ for r in self.restarts], "failures": self.failures}
 
 
-def checkpoints(spec: RunSpec) -> list[Any]:
-    ckpt_dir = spec.path / "checkpoints"
-    if spec.recipe.engine == "verl":
-        from hpc_grpo.engines.verl import list_checkpoints
-    else:
-        from hpc_grpo.engines.trl import list_checkpoints
-    return list_checkpoints(ckpt_dir)
+def checkpoints(spec: RunSpec) -> list[ck.Checkpoint]:
+    return ck.list_checkpoints(spec.path, spec.recipe.engine)
 
 
 def last_step(spec: RunSpec) -> int | None:
@@ -94,42 +110,117 @@ def last_step(spec: RunSpec) -> int | None:
                 return int(json.loads(lines[-1]).get("step"))
             except (ValueError, TypeError):
                 pass
-    tracker = spec.path / "checkpoints" / "latest_checkpointed_iteration.txt"
-    if tracker.is_file() and tracker.read_text().strip().isdigit():
-        return int(tracker.read_text().strip())
-    return None
+    return ck.tracker_step(spec.path)
 
 
 def run_status(run_dir: Path) -> RunStatus:
     spec = load_frozen(run_dir / runs.SPEC)
     history = runs.read_history(run_dir)
-    slurm_ids = [e.job_id for e in history if e.executor == "slurm"]
+    events = [e for e in history if e.purpose in runs.EVENTS]
+    history = [e for e in history if e.purpose not in runs.EVENTS]
+    slurm_ids = list(dict.fromkeys(e.job_id for e in history if e.executor == "slurm"))
     infos: dict[str, Any] = {}
+    attempts: dict[str, list[Any]] = {}
     if slurm_ids:
         from hpc_grpo import slurm
 
-        infos = slurm.job_states(list(dict.fromkeys(slurm_ids)))
+        infos = slurm.job_states(slurm_ids)
+        try:
+            attempts = slurm.job_attempts(slurm_ids)
+        except slurm.SlurmError:
+            attempts = {}
     status = RunStatus(spec=spec)
     seen: set[str] = set()
     for entry in history:
-        if entry.job_id in seen and entry.purpose == "requeue":
-            continue
+        if entry.job_id in seen:
+            continue  # a requeue line of a job already shown: its restarts are listed below
         seen.add(entry.job_id)
         info = infos.get(entry.job_id)
         if entry.executor == "local":
-            state = "RUNNING" if runs.live_jobs(run_dir).get(entry.job_id) else _local_state(spec, entry.job_id)
-            status.jobs.append(JobRow(entry.job_id, entry.purpose, entry.time, state, None, "", "local"))
+            live = bool(runs.live_jobs(run_dir).get(entry.job_id))
+            state = "RUNNING" if live else _local_state(spec, entry.job_id)
+            status.jobs.append(JobRow(entry.job_id, entry.purpose, entry.time, state,
+                                      _local_elapsed_s(spec, entry, live), "", "local"))
         else:
+            spent = [a.info.elapsed_s for a in attempts.get(entry.job_id, [])]
+            elapsed = sum(x or 0 for x in spent) if spent else (info.elapsed_s if info else None)
             status.jobs.append(JobRow(entry.job_id, entry.purpose, entry.time, info.state if info else "UNKNOWN",
-                                      info.elapsed_s if info else None, info.exit_code if info else "",
-                                      info.nodelist if info else ""))
+                                      elapsed, info.exit_code if info else "", info.nodelist if info else ""))
         status.logs.append(str(render.submitit_dir(spec) / f"{entry.job_id}_0_log.out"))
+    status.restarts = restarts(history, events, attempts)
+    status.failures = [f"job {e.job_id}: {e.note}" for e in events if e.purpose == "failed"]
     ckpts = checkpoints(spec)
     complete = [c for c in ckpts if c.complete]
     status.complete_checkpoints = len(complete)
     status.newest_checkpoint = str(complete[-1].path) if complete else None
     status.last_step = last_step(spec)
     return status
+
+
+def restarts(history: list[runs.HistoryEntry], events: list[runs.HistoryEntry],
+             attempts: dict[str, list[Any]]) -> list[Restart]:
+    """Each restart of each job with its cause: Slurm's state for the allocation that ended (sacct -D), made
+    precise by the job's own requeue line (written by its USR2 handler, which knows time limit from
+    preemption), and the step the next start resumed from (its "start" event)."""
+    out: list[Restart] = []
+    for job_id, allocs in attempts.items():
+        notes = [e for e in history if e.job_id == job_id and e.purpose == "requeue"]
+        starts = {int(e.data.get("restart_count", 0)): e for e in events if e.job_id == job_id and e.purpose == "start"}
+        for k, alloc in enumerate(allocs[:-1]):
+            state = alloc.info.state
+            cause = CAUSES.get(state, state.lower())
+            note = next((n.note for n in notes if _within(n.time, alloc.start, alloc.end)), "")
+            if state == "REQUEUED":
+                low = note.lower()
+                if "preempt" in low:
+                    cause = "preemption"
+                elif "time limit" in low or "timeout" in low:
+                    cause = "time limit"
+                elif note:
+                    cause = "requeue on a signal"
+                else:
+                    cause = "requeue (scontrol requeue: SIGTERM, no save)"
+            nxt = starts.get(k + 1)
+            step = nxt.data.get("step") if nxt else None
+            out.append(Restart(job_id, k + 1, alloc.end, cause, step if isinstance(step, int) else None, note))
+    return out
+
+
+def _parse_time(text: str) -> float | None:
+    """History times ("%Y-%m-%dT%H:%M:%S%z") and sacct's ("%Y-%m-%dT%H:%M:%S", local) as epoch seconds."""
+    import time as _t
+
+    for fmt in ("%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"):
+        try:
+            parsed = _t.strptime(text, fmt)
+        except ValueError:
+            continue
+        if fmt.endswith("%z"):
+            import calendar
+
+            return calendar.timegm(parsed) - (parsed.tm_gmtoff or 0)
+        return _t.mktime(parsed)
+    return None
+
+
+def _within(when: str, start: str, end: str, slack_s: float = 60.0) -> bool:
+    t, a, b = _parse_time(when), _parse_time(start), _parse_time(end)
+    return t is not None and a is not None and b is not None and a - slack_s <= t <= b + slack_s
+
+
+def _local_elapsed_s(spec: RunSpec, entry: runs.HistoryEntry, live: bool) -> int | None:
+    """A local job's wall time: from its submission to submitit's result file (or now, while it runs)."""
+    import time as _t
+
+    start = _parse_time(entry.time)
+    if start is None:
+        return None
+    folder = render.submitit_dir(spec)
+    end: float | None = _t.time() if live else None
+    for name in (f"{entry.job_id}_0_result.pkl", f"{entry.job_id}_0_log.out"):
+        if end is None and (folder / name).is_file():
+            end = (folder / name).stat().st_mtime
+    return max(0, round(end - start)) if end is not None else None
 
 
 def _local_state(spec: RunSpec, job_id: str) -> str:

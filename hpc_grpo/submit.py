@@ -89,9 +89,11 @@ class TrainJob:
             while True:
                 time.sleep(30)
         if rc != 0:
-            if env.global_rank == 0:
-                runs.append_history(run_dir, env.job_id, "stop", spec.cluster.scheduler,
-                                    note=f"failed: {script.name} exited with status {rc}; not requeued")
+            last = (runs.read_history(run_dir) or [None])[-1]
+            said = last is not None and last.purpose == "failed" and last.job_id == str(env.job_id)
+            if env.global_rank == 0 and not said:  # the trainer may have said why just now (disk full)
+                runs.append_history(run_dir, env.job_id, "failed", spec.cluster.scheduler,
+                                    note=f"{script.name} exited with status {rc}: not requeued")
             raise RuntimeError(f"{script} exited with status {rc}; see the job's logs in {self.run_dir}")
         return rc
 
@@ -122,7 +124,7 @@ class TrainJob:
         spec = load_frozen(run_dir / runs.SPEC)
         if spec.cluster.restart == "chain":
             # Only reached when the signal came before __call__ installed the chained handler (its first second).
-            runs.append_history(run_dir, env.job_id, "stop", "slurm",
+            runs.append_history(run_dir, env.job_id, "failed", "slurm",
                                 note="USR2 came while the job was starting: chained mode cannot carry on; "
                                      "`hpc-grpo resume` restarts from the newest checkpoint")
             return None
@@ -140,7 +142,7 @@ class TrainJob:
         note = f"{decision.reason}; {what}; {'?' if left is None else left} s were left"
         print(f"hpc-grpo: USR2: {note}", flush=True)
         if not decision.requeue:
-            runs.append_history(run_dir, env.job_id, "stop", "slurm", note=note)
+            runs.append_history(run_dir, env.job_id, "failed", "slurm", note=note)
             return None
         runs.append_history(run_dir, env.job_id, "requeue", "slurm", note=note)
         return submitit.helpers.DelayedSubmission(TrainJob(self.run_dir))
@@ -251,8 +253,10 @@ def write_run(spec: RunSpec, files: dict[str, str]) -> None:
     (spec.path / "checkpoints").mkdir(exist_ok=True)
 
 
-def submit_run(spec: RunSpec, files: dict[str, str], purpose: str = "train") -> Submission:
-    """Create the run directory, write the frozen spec and scripts, submit, record the job id."""
+def submit_run(spec: RunSpec, files: dict[str, str], purpose: str = "train", note: str = "",
+               data: dict[str, Any] | None = None) -> Submission:
+    """Create the run directory, write the frozen spec and scripts, submit, record the job id (with a note and
+    details, e.g. what `hpc-grpo resume` resumes from)."""
     restart.check(spec)
     if spec.cluster.scheduler == "slurm":
         check_partition(spec)
@@ -260,27 +264,27 @@ def submit_run(spec: RunSpec, files: dict[str, str], purpose: str = "train") -> 
         runs.refuse_if_live(spec.path)
         write_run(spec, files)
         if spec.cluster.scheduler == "slurm":
-            return _submit_slurm(spec, purpose)
-        return _submit_local(spec, purpose)
+            return _submit_slurm(spec, purpose, note, data)
+        return _submit_local(spec, purpose, note, data)
 
 
-def _submit_slurm(spec: RunSpec, purpose: str) -> Submission:
+def _submit_slurm(spec: RunSpec, purpose: str, note: str = "", data: dict[str, Any] | None = None) -> Submission:
     executor = TemplateSlurmExecutor(spec)
     executor.update_parameters(**slurm_parameters(spec))
     job = executor.submit(TrainJob(spec.run_dir))
     # Same text Slurm received; equal to the rendered one whenever the interpreter is the same.
     (spec.path / "scripts" / "sbatch.sh").write_text(executor.last_script)
-    runs.append_history(spec.path, job.job_id, purpose, "slurm")
+    runs.append_history(spec.path, job.job_id, purpose, "slurm", note=note, data=data)
     log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
     return Submission(spec.path, job.job_id, "slurm", str(log), job)
 
 
-def _submit_local(spec: RunSpec, purpose: str) -> Submission:
+def _submit_local(spec: RunSpec, purpose: str, note: str = "", data: dict[str, Any] | None = None) -> Submission:
     executor = submitit.LocalExecutor(folder=render.submitit_dir(spec))
     executor.update_parameters(timeout_min=spec.recipe.resources.time_min, nodes=1, tasks_per_node=1,
                                gpus_per_node=spec.gpus_per_node)
     job = executor.submit(TrainJob(spec.run_dir))
-    runs.append_history(spec.path, job.job_id, purpose, "local")
+    runs.append_history(spec.path, job.job_id, purpose, "local", note=note, data=data)
     log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
     return Submission(spec.path, job.job_id, "local", str(log), job)
 

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hpc_grpo import runs, slurm  # noqa: E402
-from hpc_grpo.engines.trl import newest_complete  # noqa: E402
+from hpc_grpo import checkpoints as ck  # noqa: E402
 from hpc_grpo.job import save_signal  # noqa: E402
 
 SHRINK = ["checkpoint.keep=2", "grpo.entropy_coeff=0.01", "batch.train=2", "batch.mini=2", "batch.micro_per_gpu=4",
@@ -93,7 +93,7 @@ def measure(fault: str, root: Path, base: list[str], env: dict[str, str], fault_
         if fault == "usr2":
             slurm.cancel(job_id, signal="USR2")
         elif fault == "requeue":
-            ckpt = newest_complete(run_dir / "checkpoints")
+            ckpt = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
             resumed = ckpt.step if ckpt else 0
             seen = max([0, *(r["step"] for r in rows(run_dir))])
             slurm.requeue(job_id)

@@ -1,4 +1,4 @@
-"""trl adapter: RunSpec -> GRPOConfig/LoraConfig keyword arguments, the job command, and checkpoints.
+"""trl adapter: RunSpec -> GRPOConfig/LoraConfig keyword arguments and the job command.
 
 Light on purpose: `hpc-grpo plan` imports this module, so nothing here imports torch, transformers
 or trl. The field list of trl's GRPOConfig is kept as a static tuple (a unit test compares it with
@@ -12,14 +12,11 @@ train > mini its step numbers (and checkpoint-N names) are `train / mini` times 
 from __future__ import annotations
 
 import difflib
-import json
-import re
-import struct
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo import checkpoints, runs
 from hpc_grpo.engines import EngineCommand, Override
 from hpc_grpo.findings import Finding, error, info, warning
 from hpc_grpo.spec import RunSpec
@@ -92,8 +89,9 @@ TRAIN_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 def checkpoint_dir(spec: RunSpec) -> Path:
-    """Absolute, inside the run directory: a requeued job on another node finds it there."""
-    return spec.path / "checkpoints"
+    """Absolute, inside the run directory: a requeued job on another node finds it there. Listing and
+    judging the folders in it is hpc_grpo.checkpoints' job."""
+    return checkpoints.checkpoint_dir(spec.path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +210,7 @@ class TrlEngine:
     def command(self, spec: RunSpec) -> EngineCommand:
         return EngineCommand(
             argv=[*ENTRY, "--spec", f"{spec.run_dir}/spec.yaml"],
-            env={"WANDB_RUN_ID": spec.run_name, "WANDB_RESUME": "allow"},
+            env={"WANDB_RUN_ID": runs.wandb_run_id(spec.path), "WANDB_RESUME": "allow"},
         )
 
     def check(self, spec: RunSpec) -> list[Finding]:
@@ -331,138 +329,3 @@ def _check_passthrough(spec: RunSpec) -> list[Finding]:
                 why = f"is not a field of trl {TRL_VERSION}'s GRPOConfig"
             out.append(error(pkey, why, hint))
     return out
-
-
-# ------------------------------------------------------------------------------------ checkpoints
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-WEIGHT_FILES = ("adapter_model.safetensors", "model.safetensors", "adapter_model.bin", "pytorch_model.bin")
-INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-TORCH_FILES = ("optimizer.pt", "scheduler.pt")
-
-
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
-    """One `checkpoint-N` folder and whether a resume may trust it (reason says why not)."""
-
-    step: int
-    path: Path
-    complete: bool
-    reason: str
-
-
-def _safetensors_ok(path: Path) -> str:
-    """'' when the header parses and the data it describes is all there (a cut-off write is not)."""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            raw = fh.read(8)
-            if len(raw) < 8:
-                return f"{path.name} is truncated"
-            (n,) = struct.unpack("<Q", raw)
-            if n > size - 8 or n > 100_000_000:
-                return f"{path.name} has a bad header length"
-            header = json.loads(fh.read(n))
-    except (OSError, ValueError) as exc:
-        return f"{path.name} is unreadable ({exc})"
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
-    if 8 + n + max(ends, default=0) != size:
-        return f"{path.name} is truncated"
-    return ""
-
-
-def _torch_file_ok(path: Path) -> str:
-    """'' when the file is non-empty and a whole zip (torch.save's format): a cut-off write has no
-    end-of-archive record."""
-    if not path.is_file():
-        return f"{path.name} is missing"
-    if path.stat().st_size == 0:
-        return f"{path.name} is empty"
-    if not zipfile.is_zipfile(path):
-        return f"{path.name} is truncated or not a torch file"
-    return ""
-
-
-def _weights_ok(path: Path) -> str:
-    for name in WEIGHT_FILES:
-        f = path / name
-        if f.is_file():
-            if f.stat().st_size == 0:
-                return f"{name} is empty"
-            return _safetensors_ok(f) if name.endswith(".safetensors") else _torch_file_ok(f)
-    for name in INDEX_FILES:
-        f = path / name
-        if f.is_file():
-            try:
-                shards = sorted(set(json.loads(f.read_text(encoding="utf-8"))["weight_map"].values()))
-            except (OSError, ValueError, KeyError, AttributeError) as exc:
-                return f"{name} is unreadable ({exc})"
-            for shard in shards:
-                s = path / shard
-                if not s.is_file() or s.stat().st_size == 0:
-                    return f"weight shard {shard} is missing or empty"
-                problem = _safetensors_ok(s) if shard.endswith(".safetensors") else _torch_file_ok(s)
-                if problem:
-                    return problem
-            return ""
-    return "no weights file (adapter_model.safetensors or model.safetensors)"
-
-
-def completeness(path: Path) -> tuple[bool, str]:
-    """The one rule for "a resume may trust this checkpoint".
-
-    transformers writes weights, then optimizer/scheduler/RNG state, then trainer_state.json, so a
-    folder killed mid-save lacks a later file or holds a truncated one: trainer_state.json must parse
-    with global_step == N, and every state file must exist, be non-empty and be whole.
-    """
-    path = Path(path)
-    m = CHECKPOINT_RE.match(path.name)
-    if not m:
-        return False, f"{path.name} is not named checkpoint-N"
-    if path.is_symlink() or not path.is_dir():
-        return False, "not a real folder (missing or a symlink)"
-    step = int(m.group(1))
-    state = path / "trainer_state.json"
-    if not state.is_file() or state.stat().st_size == 0:
-        return False, "trainer_state.json is missing or empty"
-    try:
-        global_step = json.loads(state.read_text(encoding="utf-8")).get("global_step")
-    except (OSError, ValueError, AttributeError) as exc:
-        return False, f"trainer_state.json does not parse ({exc})"
-    if global_step != step:
-        return False, f"trainer_state.json has global_step {global_step}, expected {step}"
-    problem = _weights_ok(path)
-    if problem:
-        return False, problem
-    for name in TORCH_FILES:
-        problem = _torch_file_ok(path / name)
-        if problem:
-            return False, problem
-    rng = sorted(path.glob("rng_state*.pth"))
-    if not rng:
-        return False, "rng_state.pth is missing"
-    for f in rng:
-        problem = _torch_file_ok(f)
-        if problem:
-            return False, problem
-    return True, "complete"
-
-
-def list_checkpoints(ckpt_dir: Path) -> list[Checkpoint]:
-    """Every `checkpoint-N` folder in ckpt_dir, oldest first, each judged by `completeness`."""
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    found: list[Checkpoint] = []
-    for entry in ckpt_dir.iterdir():
-        m = CHECKPOINT_RE.match(entry.name)
-        if not m:
-            continue
-        ok, reason = completeness(entry)
-        found.append(Checkpoint(step=int(m.group(1)), path=entry, complete=ok, reason=reason))
-    return sorted(found, key=lambda c: c.step)
-
-
-def newest_complete(ckpt_dir: Path) -> Checkpoint | None:
-    """The checkpoint a resume starts from: the highest step that passes `completeness`."""
-    complete = [c for c in list_checkpoints(ckpt_dir) if c.complete]
-    return complete[-1] if complete else None

@@ -6,10 +6,9 @@ modelled field is refused with the field to set instead (one source of truth per
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_grpo import checkpoints, runs
 from hpc_grpo.engines import EngineCommand, Override
 from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_key_for
 from hpc_grpo.findings import Finding, error
@@ -19,8 +18,9 @@ ENTRY = ["python3", "-m", "verl.trainer.main_ppo"]
 
 
 def checkpoint_dir(spec: RunSpec) -> Path:
-    """Absolute: verl's default is relative to the working directory, which differs per node."""
-    return spec.path / "checkpoints"
+    """Absolute: verl's default is relative to the working directory, which differs per node. Listing
+    and judging the folders in it is hpc_grpo.checkpoints' job."""
+    return checkpoints.checkpoint_dir(spec.path)
 
 
 def config_name(spec: RunSpec) -> str:
@@ -123,7 +123,6 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     add("trainer.val_before_train", t.val_before_train, "train.val_before_train")
     add("trainer.save_freq", r.checkpoint.save_freq, "checkpoint.save_freq")
     add("trainer.max_actor_ckpt_to_keep", r.checkpoint.keep, "checkpoint.keep")
-    add("trainer.resume_mode", "auto", "engine")
     add("trainer.default_local_dir", str(checkpoint_dir(spec)), "run directory")
     add("trainer.logger", list(r.logging.logger), "logging.logger")
     add("trainer.project_name", r.logging.project, "logging.project")
@@ -131,9 +130,24 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     cpus = spec.cluster.cpus_per_node if r.resources.cpus_per_task is None else r.resources.cpus_per_task
     add("ray_kwargs.ray_init.num_cpus", cpus, "resources.cpus_per_task")
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
-    add(f"{env}.WANDB_RUN_ID", spec.run_name, "run name")
+    add(f"{env}.WANDB_RUN_ID", runs.wandb_run_id(spec.path), "run directory")
     add(f"{env}.WANDB_RESUME", "allow", "engine")
     return out
+
+
+# Set at every job start by hpc_grpo.job.prepare_resume, never rendered: verl's `auto` crashes on an empty
+# tracker and silently restarts from step 0 on a missing one, so the job names the checkpoint itself.
+RESUME_KEYS = ("trainer.resume_mode", "trainer.resume_from_path")
+RESUME_SOURCE = "resume preparation at job start (hpc-grpo resume)"
+
+
+def resume_overrides(step_folder: Path | None) -> list[str]:
+    """The overrides that point verl at one global_step_N folder, or start it fresh (never `auto`)."""
+    if step_folder is None:
+        return ["trainer.resume_mode=disable"]
+    if not Path(step_folder).name.startswith("global_step_"):
+        raise ValueError(f"{step_folder} is not a global_step_N folder (verl's resume_path needs one)")
+    return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={format_value(str(step_folder))}"]
 
 
 class VerlEngine:
@@ -148,7 +162,7 @@ class VerlEngine:
             argv=[*ENTRY, "--config-name", name, *overrides],
             config_name=name,
             overrides=overrides,
-            env={"WANDB_RUN_ID": spec.run_name, "WANDB_RESUME": "allow"},
+            env={"WANDB_RUN_ID": runs.wandb_run_id(spec.path), "WANDB_RESUME": "allow"},
         )
 
     def check(self, spec: RunSpec) -> list[Finding]:
@@ -159,7 +173,7 @@ class VerlEngine:
             findings.append(error("grpo.reward", "verl's built-in GSM8K reward is the strict scorer with format score 0",
                                   "use grpo.reward=gsm8k_strict grpo.format_score=0, or a custom reward function "
                                   "(passthrough custom_reward_function.path=...)"))
-        owned = {o.key: o.source for o in modelled_overrides(spec)}
+        owned = {o.key: o.source for o in modelled_overrides(spec)} | dict.fromkeys(RESUME_KEYS, RESUME_SOURCE)
         for key in spec.recipe.passthrough:
             pkey = f"passthrough.{key}"
             real = real_key_for(key)
@@ -173,46 +187,3 @@ class VerlEngine:
                     error(pkey, f"is set by hpc-grpo from recipe key '{src}'", f"set {src} instead")
                 )
         return findings
-
-
-@dataclass(frozen=True, slots=True)
-class VerlCheckpoint:
-    step: int
-    path: Path
-    complete: bool
-    reason: str
-
-
-def list_checkpoints(ckpt_dir: Path) -> list[VerlCheckpoint]:
-    """global_step_N folders, oldest first; complete = the actor state and the dataloader state are all there.
-
-    FSDP: one model/optim/extra shard per rank, as many as fsdp_config.json's world_size. Megatron: the
-    ckpt_contents.json manifest, written last. verl itself never checks before loading.
-    """
-    found = []
-    for path in ckpt_dir.glob("global_step_*"):
-        suffix = path.name.removeprefix("global_step_")
-        if path.is_dir() and suffix.isdigit():
-            ok, reason = _complete(path)
-            found.append(VerlCheckpoint(int(suffix), path, ok, reason))
-    return sorted(found, key=lambda c: c.step)
-
-
-def _complete(path: Path) -> tuple[bool, str]:
-    actor = path / "actor"
-    if not (path / "data.pt").is_file():
-        return False, "no data.pt (dataloader state)"
-    if (actor / "ckpt_contents.json").is_file():
-        return True, "megatron manifest present"
-    cfg = actor / "fsdp_config.json"
-    if not cfg.is_file():
-        return False, "no actor/fsdp_config.json or ckpt_contents.json"
-    try:
-        world = int(json.loads(cfg.read_text())["world_size"])
-    except (ValueError, KeyError, TypeError):
-        return False, "unreadable fsdp_config.json"
-    for kind in ("model", "optim", "extra_state"):
-        shards = list(actor.glob(f"{kind}_world_size_{world}_rank_*.pt"))
-        if len(shards) != world or any(s.stat().st_size == 0 for s in shards):
-            return False, f"{len(shards)} of {world} {kind} shards"
-    return True, f"{world} FSDP shards"

@@ -30,7 +30,7 @@ def start(spec: RunSpec, job_id: str, rank: int, after: str | None) -> bool:
                                          spec.recipe.resources.max_timeout_requeues)
         if not decision.requeue:
             if rank == 0:
-                runs.append_history(run_dir, job_id, "stop", "slurm", note=f"{decision.reason} (job {after})")
+                runs.append_history(run_dir, job_id, "failed", "slurm", note=f"{decision.reason} (job {after})")
             print(f"hpc-grpo: chained job {job_id}: {decision.reason} (job {after})", flush=True)
             return False
         if rank == 0:

@@ -2,8 +2,8 @@
 
 Everything it needs is in the run directory (the frozen spec names model, data and settings), so a
 requeued job on another node carries on where the last one stopped: it resumes from the newest
-COMPLETE checkpoint (checked file by file, never "the newest folder"), moves incomplete ones aside,
-and drops metric lines of steps that will be trained again. Heavy imports (torch, transformers,
+COMPLETE checkpoint (checked file by file, never "the newest folder"), moves newer incomplete ones
+aside (hpc_grpo.job.prepare_resume, shared with verl), and drops metric lines of steps that will be trained again. Heavy imports (torch, transformers,
 trl, peft, datasets) happen inside main(), so importing this module stays cheap.
 
 Files it writes in RUN_DIR: checkpoints/checkpoint-N/ (trl), metrics.jsonl (one line per step),
@@ -25,21 +25,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo.engines.trl import (
-    Checkpoint,
-    checkpoint_dir,
-    grpo_config_kwargs,
-    list_checkpoints,
-    lora_config_kwargs,
-    newest_complete,
-)
-from hpc_grpo.job import save_signal
+from hpc_grpo import checkpoints as ck
+from hpc_grpo import runs
+from hpc_grpo.checkpoints import Checkpoint
+from hpc_grpo.engines.trl import checkpoint_dir, grpo_config_kwargs, lora_config_kwargs
+from hpc_grpo.job import disk, prepare_resume, save_signal
 from hpc_grpo.spec import RunSpec
 
 METRICS_FILE = "metrics.jsonl"
 DONE_FILE = "train_done.json"
 LENGTHS_FILE = "prompt_lengths.json"
-INCOMPLETE_DIR = "checkpoints-incomplete"
+INCOMPLETE_DIR = ck.QUARANTINE_DIR
 # trl log key -> metrics.jsonl key
 METRIC_KEYS = {
     "reward": "reward",
@@ -115,33 +111,13 @@ def trim_metrics(path: Path, resume_step: int) -> int:
     return dropped
 
 
-def quarantine_incomplete(ckpt_dir: Path, run_dir: Path) -> list[Path]:
-    """Move incomplete checkpoint-N folders to RUN_DIR/checkpoints-incomplete/ (never delete them).
-
-    Left in place, trl's rotation (by mtime) would count a half-written folder as one of the
-    checkpoints to keep and delete a complete one instead; and a resave of the same step would
-    write over it. Moving keeps the evidence for a post-mortem.
-    """
-    moved: list[Path] = []
-    for ckpt in list_checkpoints(ckpt_dir):
-        if ckpt.complete or ckpt.path.is_symlink():
-            continue
-        target_dir = run_dir / INCOMPLETE_DIR
-        target_dir.mkdir(parents=True, exist_ok=True)
-        target = target_dir / f"{ckpt.path.name}.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}"
-        os.rename(ckpt.path, target)
-        log(f"moved incomplete {ckpt.path.name} ({ckpt.reason}) to {target}")
-        moved.append(target)
-    return moved
-
-
 def wandb_env(spec: RunSpec) -> dict[str, str]:
     """Environment for W&B when it is a logger: one W&B run per hpc-grpo run across requeues,
     its files inside the run directory. Empty when W&B is not used."""
     if "wandb" not in spec.recipe.logging.logger:
         return {}
     return {
-        "WANDB_RUN_ID": spec.run_name,
+        "WANDB_RUN_ID": runs.wandb_run_id(spec.path),
         "WANDB_RESUME": "allow",
         "WANDB_DIR": spec.run_dir,
         "WANDB_PROJECT": spec.recipe.logging.project,
@@ -315,9 +291,12 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
     ckpt_dir.mkdir(parents=True, exist_ok=True)
 
     # Where to start is decided from disk first, before any heavy import: a requeue of a finished
-    # run ends here in a second.
-    quarantine_incomplete(ckpt_dir, run_dir)
-    resume: Checkpoint | None = newest_complete(ckpt_dir)
+    # run ends here in a second. One path for both engines (hpc_grpo.job.prepare_resume): newer
+    # incomplete checkpoints are quarantined, the decision goes into history.jsonl.
+    prepared = prepare_resume.prepare_and_record(run_dir, "trl")
+    for old, new, why in prepared.quarantined:
+        log(f"moved incomplete {Path(old).name} ({why}) to {new}")
+    resume: Checkpoint | None = prepared.checkpoint
     resume_step = resume.step if resume else 0
     if resume:
         log(f"resuming from {resume.path} (step {resume.step})")
@@ -375,11 +354,18 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
     if on_signal is not None:
         trainer.add_callback(save_signal.callback(on_signal))
     log("trainer ready: training")
-    result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
+    try:
+        result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
+    except Exception as exc:
+        if not disk.is_disk_full(run_dir, exc):
+            raise
+        message = disk.explain(run_dir, spec.run_name, "trl")
+        disk.report(run_dir, message)  # releases the reserve first: room for this message in the log and history
+        raise JobError(message) from exc
 
     step = trainer.state.global_step
     if on_signal is not None and on_signal.requested and step < trainer.state.max_steps:
-        saved = newest_complete(ckpt_dir)
+        saved = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
         if saved is None or saved.step != step:
             raise JobError(f"stopped on the signal at step {step}, but checkpoint-{step} is not complete on disk")
         marker = on_signal.write_marker(run_dir, step, str(saved.path))
@@ -388,7 +374,7 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
         return {"stopped_on_signal": True, "final_step": step, "last_checkpoint": str(saved.path)}
 
     runtime = float(result.metrics.get("train_runtime", 0.0))
-    final = newest_complete(ckpt_dir)
+    final = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
     return finish(spec, trainer.state.global_step, trainer.state.max_steps, final, resume, t0, runtime)
 
 

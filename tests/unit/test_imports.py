@@ -49,3 +49,16 @@ def test_status_and_runs_import_nothing_heavy(tmp_path) -> None:
         mods = loaded(*argv)
         assert "hpc_grpo" in mods, argv
         assert not mods & set(HEAVY), (argv, mods & set(HEAVY))
+
+
+def test_resume_planning_imports_nothing_heavy(tmp_path) -> None:
+    """`resume` decides (live job, finished run, overrides, newest checkpoint) before anything heavy loads."""
+    from hpc_grpo.render import render_all, write_files
+    from hpc_grpo.resolve import resolve_spec
+
+    spec = resolve_spec("tiny-gsm8k", "local", overrides=[f"cluster.runs_root={tmp_path}"], run_name="done")
+    write_files(spec.path, render_all(spec))
+    (spec.path / "train_done.json").write_text('{"final_step": 24}')
+    mods = loaded("resume", str(spec.path), "resources.time=01:00:00")
+    assert "hpc_grpo" in mods and not mods & set(HEAVY), mods & set(HEAVY)
+    assert not (spec.path / "history.jsonl").exists()

@@ -1,32 +1,27 @@
 """trl engine adapter: RunSpec -> GRPOConfig/LoraConfig kwargs (checked against the real classes),
-the pre-submit checks, and the checkpoint completeness rule on fabricated folders."""
+the pre-submit checks (checkpoint completeness: test_checkpoints.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import struct
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers/trl are imported anywhere in this module
 
+from hpc_grpo import runs  # noqa: E402
 from hpc_grpo.engines import get_engine  # noqa: E402
 from hpc_grpo.engines.trl import (  # noqa: E402
     GRPO_CONFIG_FIELDS,
     TRL_VERSION,
     TrlEngine,
     batch_layout,
-    completeness,
     grpo_config_kwargs,
-    list_checkpoints,
     lora_config_kwargs,
-    newest_complete,
 )
 from hpc_grpo.findings import Severity  # noqa: E402
 from hpc_grpo.resolve import resolve_spec  # noqa: E402
@@ -50,7 +45,9 @@ def test_command_and_registry(tmp_path: Path) -> None:
     assert isinstance(engine, TrlEngine) and engine.name == "trl" and engine.launch_template == "trl_launch.sh.j2"
     cmd = engine.command(spec)
     assert cmd.argv == ["python3", "-m", "hpc_grpo.job.trl_job", "--spec", f"{tmp_path}/t/spec.yaml"]
-    assert cmd.env == {"WANDB_RUN_ID": "t", "WANDB_RESUME": "allow"}
+    # one W&B run per run directory: the run name plus a hash of the directory (two roots, two W&B runs)
+    assert cmd.env == {"WANDB_RUN_ID": runs.wandb_run_id(tmp_path / "t"), "WANDB_RESUME": "allow"}
+    assert cmd.env["WANDB_RUN_ID"].startswith("t-")
 
 
 def test_module_import_is_light() -> None:
@@ -198,95 +195,3 @@ def test_check_warnings(tmp_path: Path) -> None:
     warned = {f.key for f in found if f.severity is Severity.WARNING}
     assert warned == {"rollout.name", "resources.gpus_per_node", "batch.dynamic_bsz", "grpo.kl_loss_type",
                       "data.truncation", "train.test_freq"}
-
-
-# -------------------------------------------------------------------------------------- checkpoints
-def _safetensors(path: Path, nbytes: int = 16) -> None:
-    header = json.dumps({"w": {"dtype": "F32", "shape": [nbytes // 4], "data_offsets": [0, nbytes]}}).encode()
-    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * nbytes)
-
-
-def _torch_zip(path: Path) -> None:
-    with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr("archive/data.pkl", b"x" * 64)
-
-
-def fake_checkpoint(root: Path, step: int, *, skip: tuple[str, ...] = (), state: str | None = None) -> Path:
-    """A checkpoint-N folder with the files transformers writes (tiny stand-ins in the same formats)."""
-    d = root / f"checkpoint-{step}"
-    d.mkdir(parents=True)
-    makers = {
-        "adapter_model.safetensors": _safetensors,
-        "optimizer.pt": _torch_zip,
-        "scheduler.pt": _torch_zip,
-        "rng_state.pth": _torch_zip,
-    }
-    for name, make in makers.items():
-        if name not in skip:
-            make(d / name)
-    (d / "adapter_config.json").write_text("{}")
-    if "trainer_state.json" not in skip:
-        text = json.dumps({"global_step": step, "max_steps": 8}) if state is None else state
-        (d / "trainer_state.json").write_text(text)
-    return d
-
-
-def test_completeness_rules(tmp_path: Path) -> None:
-    ok = fake_checkpoint(tmp_path, 2)
-    assert completeness(ok) == (True, "complete")
-    cases = {
-        fake_checkpoint(tmp_path, 4, skip=("optimizer.pt",)): "optimizer.pt is missing",
-        fake_checkpoint(tmp_path, 6, state=""): "trainer_state.json is missing or empty",
-        fake_checkpoint(tmp_path, 8, state=json.dumps({"global_step": 7})): "global_step 7, expected 8",
-        fake_checkpoint(tmp_path, 10, state='{"global_st'): "does not parse",
-        fake_checkpoint(tmp_path, 12, skip=("trainer_state.json",)): "trainer_state.json is missing",
-        fake_checkpoint(tmp_path, 14, skip=("rng_state.pth",)): "rng_state.pth is missing",
-        fake_checkpoint(tmp_path, 16, skip=("adapter_model.safetensors",)): "no weights file",
-    }
-    for path, reason in cases.items():
-        complete, why = completeness(path)
-        assert not complete and reason in why, (path.name, why)
-
-
-def test_truncated_files_are_incomplete(tmp_path: Path) -> None:
-    """A kill during a write leaves a non-empty but cut-off file: the format checks catch it."""
-    d = fake_checkpoint(tmp_path, 2)
-    weights = d / "adapter_model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:-4])
-    assert completeness(d) == (False, "adapter_model.safetensors is truncated")
-
-    d = fake_checkpoint(tmp_path, 4)
-    opt = d / "optimizer.pt"
-    opt.write_bytes(opt.read_bytes()[:-30])
-    assert completeness(d) == (False, "optimizer.pt is truncated or not a torch file")
-
-    d = fake_checkpoint(tmp_path, 6)
-    (d / "scheduler.pt").write_bytes(b"")
-    assert completeness(d) == (False, "scheduler.pt is empty")
-
-
-def test_full_model_and_sharded_weights(tmp_path: Path) -> None:
-    d = fake_checkpoint(tmp_path, 2, skip=("adapter_model.safetensors",))
-    _safetensors(d / "model-00001-of-00002.safetensors")
-    (d / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
-    assert completeness(d) == (False, "weight shard model-00002-of-00002.safetensors is missing or empty")
-    _safetensors(d / "model-00002-of-00002.safetensors")
-    assert completeness(d) == (True, "complete")
-
-
-def test_list_and_newest_complete(tmp_path: Path) -> None:
-    root = tmp_path / "checkpoints"
-    assert list_checkpoints(root) == [] and newest_complete(root) is None
-    fake_checkpoint(root, 10)
-    fake_checkpoint(root, 2)
-    fake_checkpoint(root, 12, skip=("optimizer.pt",))
-    (root / "checkpoint-x").mkdir()
-    (root / "tmp-checkpoint-14").mkdir()
-    (root / "README.md").write_text("not a checkpoint")
-    (root / "checkpoint-16").symlink_to(root / "checkpoint-10")
-    found = list_checkpoints(root)
-    assert [(c.step, c.complete) for c in found] == [(2, True), (10, True), (12, False), (16, False)]
-    assert "optimizer.pt is missing" in found[2].reason and "symlink" in found[3].reason
-    newest = newest_complete(root)
-    assert newest is not None and newest.step == 10 and newest.path == root / "checkpoint-10"

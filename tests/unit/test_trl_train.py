@@ -20,10 +20,12 @@ import pytest
 
 from tests.conftest import require_gsm8k
 
-from hpc_grpo.engines.trl import checkpoint_dir, list_checkpoints, newest_complete
+from hpc_grpo import checkpoints as ck
+from hpc_grpo.engines.trl import checkpoint_dir
 from hpc_grpo.resolve import resolve_spec
 from hpc_grpo.spec import RunSpec
-from hpc_grpo.job.trl_job import INCOMPLETE_DIR, prompt_lengths, quarantine_incomplete, target_steps, trim_metrics
+from hpc_grpo.job.prepare_resume import prepare
+from hpc_grpo.job.trl_job import INCOMPLETE_DIR, prompt_lengths, target_steps, trim_metrics
 from hpc_grpo.yamlio import dump_yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,7 +127,7 @@ def run_a(work: dict[str, Path]) -> RunSpec:
 
 # --------------------------------------------------------------------------------------- the tests
 def test_run_writes_checkpoints_metrics_and_done(run_a: RunSpec) -> None:
-    ckpts = list_checkpoints(checkpoint_dir(run_a))
+    ckpts = ck.list_checkpoints(run_a.path, "trl")
     assert [(c.step, c.complete) for c in ckpts] == [(6, True), (8, True)], ckpts  # keep=2 pruned 2 and 4
 
     rows = metrics(run_a)
@@ -158,7 +160,7 @@ def test_kill_then_rerun_is_bit_identical(work: dict[str, Path], run_a: RunSpec)
     killed_at = None
     try:
         while time.monotonic() - t0 < JOB_TIMEOUT_S and proc.poll() is None:
-            newest = newest_complete(ckpt_dir)
+            newest = ck.newest_complete(ck.list_checkpoints(spec.path, "trl"))
             if newest is not None and newest.step >= KILL_AFTER:
                 os.killpg(proc.pid, signal.SIGKILL)  # preemption without warning: no chance to save
                 killed_at = newest.step
@@ -208,7 +210,7 @@ def test_kill_then_rerun_is_bit_identical(work: dict[str, Path], run_a: RunSpec)
     # A requeue of the finished run trains nothing (transformers would otherwise run one extra step).
     out, elapsed_again = run_job(spec, env)
     assert f"already trained: checkpoint-{STEPS} is step {STEPS} of {STEPS}" in out
-    assert newest_complete(ckpt_dir).step == STEPS and len(metrics(spec)) == STEPS
+    assert ck.newest_complete(ck.list_checkpoints(spec.path, "trl")).step == STEPS and len(metrics(spec)) == STEPS
     assert elapsed_again < 30
 
 
@@ -244,14 +246,15 @@ def test_quarantine_moves_only_incomplete(tmp_path: Path) -> None:
     ckpts = tmp_path / "checkpoints"
     fake_checkpoint(ckpts, 2)
     fake_checkpoint(ckpts, 4, skip=("optimizer.pt",))
-    moved = quarantine_incomplete(ckpts, tmp_path)
+    moved = [Path(new) for _old, new, _why in prepare(tmp_path, "trl").quarantined]
     assert [p.parent for p in moved] == [tmp_path / INCOMPLETE_DIR] and moved[0].name.startswith("checkpoint-4.")
     assert (moved[0] / "trainer_state.json").is_file()  # moved, not deleted
-    assert [c.step for c in list_checkpoints(ckpts)] == [2]
+    assert [c.step for c in ck.list_checkpoints(tmp_path, "trl")] == [2]
 
 
 def test_target_steps(tmp_path: Path) -> None:
-    ckpt = newest_complete(fake_checkpoint(tmp_path / "c", 2).parent)
+    fake_checkpoint(tmp_path / "checkpoints", 2)
+    ckpt = ck.newest_complete(ck.list_checkpoints(tmp_path, "trl"))
     assert target_steps(24, None) == 24 and target_steps(-1, None) is None
     assert target_steps(-1, ckpt) == 8  # epoch-based: what trl recorded in trainer_state.json
 

@@ -144,6 +144,12 @@ workers_stopped() {
 
 if [ "$node_index" -eq 0 ]; then
   rm -f "$done_file" "$joined_file"
+  # Resume preparation (Python decides): the newest complete checkpoint, newer broken ones quarantined, the
+  # decision recorded in history.jsonl. It writes verl's resume overrides (resume_path + resume_from_path, or
+  # disable; never auto), one per line, for the driver's command line.
+  resume_args_file="$state_dir/resume-args.$attempt"
+  python3 -m hpc_grpo.job.prepare_resume --spec "$run_dir/spec.yaml" --args-out "$resume_args_file"
+  mapfile -t resume_args < "$resume_args_file"
   # Teardown order: the workers leave first (they see done_file), then the head stops. A worker whose head went
   # first loses its GCS and leaves its agents behind (workers_stopped waits for their stopped files).
   # `|| true`: a failed touch (shared filesystem trouble) must not skip stop_ray under `set -e`.
@@ -171,7 +177,7 @@ if [ "$node_index" -eq 0 ]; then
   log "all $nnodes node(s) joined; starting the driver"
   driver_status=0
   export WANDB_RESUME=allow
-  export WANDB_RUN_ID=golden
+  export WANDB_RUN_ID=golden-82738dea
   driver=(
     python3
     -m
@@ -224,17 +230,21 @@ if [ "$node_index" -eq 0 ]; then
     trainer.val_before_train=False
     trainer.save_freq=50
     trainer.max_actor_ckpt_to_keep=3
-    trainer.resume_mode=auto
     trainer.default_local_dir=/runs/golden/checkpoints
     'trainer.logger=[console,wandb]'
     trainer.project_name=hpc-grpo-gsm8k
     trainer.experiment_name=golden
     ray_kwargs.ray_init.num_cpus=2
-    +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RUN_ID=golden
+    +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RUN_ID=golden-82738dea
     +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RESUME=allow
   )
+  driver+=("${resume_args[@]}")
   RAY_ADDRESS="$gcs_address" "${driver[@]}" || driver_status=$?
   log "driver exited with status $driver_status"
+  if [ "$driver_status" -ne 0 ]; then
+    # verl does not say when a save failed for want of space: this names the disk and the fix if so.
+    python3 -m hpc_grpo.job.disk --spec "$run_dir/spec.yaml" || true
+  fi
   exit "$driver_status"
 else
   stopped_file="$state_dir/stopped.$attempt.$node_index"

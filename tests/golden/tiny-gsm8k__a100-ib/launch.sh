@@ -9,7 +9,7 @@ set -euo pipefail
 
 cd /runs/golden
 export WANDB_RESUME=allow
-export WANDB_RUN_ID=golden
+export WANDB_RUN_ID=golden-82738dea
 driver=(
   python3
   -m

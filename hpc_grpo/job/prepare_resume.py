@@ -1,0 +1,168 @@
+"""Resume preparation, run at every start of a job (first start, requeue, `hpc-grpo resume`), for both
+engines, before the engine starts: the newest COMPLETE checkpoint is where training goes on from.
+
+- Newer incomplete checkpoints (a save cut by a kill, a full disk) move to RUN_DIR/checkpoints-incomplete/:
+  never deleted, and never again in the way (trl's rotation would count them, verl would load them).
+- verl is pointed at the chosen folder with `trainer.resume_mode=resume_path trainer.resume_from_path=...`,
+  or `trainer.resume_mode=disable` when there is none. Never `auto`: it crashes on an empty tracker and
+  silently restarts from step 0 on a missing one. verl 0.9.1 reads the tracker even in resume_path mode
+  (find_latest_ckpt_path runs first and int('') raises), so an unreadable or stale tracker is rewritten
+  to the chosen step; the old content is kept in the history line.
+- What it did goes into history.jsonl as a "start" event of the job.
+
+All of it happens under runs.checkpoint_lock(run_dir), the lock prune takes too.
+
+In-job use: trl_job calls `prepare()`; verl's launch script runs
+`python -m hpc_grpo.job.prepare_resume --spec RUN_DIR/spec.yaml --args-out FILE` and passes FILE's lines
+(one Hydra override each) on to main_ppo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpc_grpo import checkpoints as ck
+from hpc_grpo import runs
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """Where a job start resumes from, and what preparation changed on disk."""
+
+    engine: str
+    checkpoint: ck.Checkpoint | None  # None: start from step 0
+    quarantined: list[tuple[str, str, str]] = field(default_factory=list)  # (old path, new path, reason)
+    left: list[tuple[str, str]] = field(default_factory=list)  # older incomplete ones, left for prune: (path, reason)
+    overrides: list[str] = field(default_factory=list)  # verl's resume overrides; [] for trl
+    tracker_before: str | None = None  # verl tracker content before a repair; None when left alone
+
+    @property
+    def step(self) -> int:
+        return self.checkpoint.step if self.checkpoint else 0
+
+    def summary(self) -> str:
+        where = (f"resumes from {self.checkpoint.path.name} (step {self.step})" if self.checkpoint
+                 else "starts from step 0 (no complete checkpoint)")
+        parts = [where]
+        for old, new, why in self.quarantined:
+            parts.append(f"moved incomplete {Path(old).name} ({why}) to {new}")
+        if self.tracker_before is not None:
+            parts.append(f"tracker {self.tracker_before!r} rewritten to {self.step}")
+        return "; ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "step": self.step,
+                "checkpoint": str(self.checkpoint.path) if self.checkpoint else None,
+                "quarantined": [{"from": o, "to": n, "reason": r} for o, n, r in self.quarantined],
+                "left_incomplete": [{"path": p, "reason": r} for p, r in self.left],
+                "overrides": self.overrides, "tracker_before": self.tracker_before}
+
+
+def prepare(run_dir: Path, engine: str) -> Prepared:
+    """Choose the checkpoint, quarantine newer broken ones, fix verl's tracker; under the checkpoint lock."""
+    run_dir = Path(run_dir)
+    with runs.checkpoint_lock(run_dir):
+        ckpts = ck.list_checkpoints(run_dir, engine)
+        best = ck.newest_complete(ckpts)
+        floor = best.step if best else -1
+        moved: list[tuple[str, str, str]] = []
+        left: list[tuple[str, str]] = []
+        for c in ckpts:
+            if c.complete or c.path.is_symlink():
+                continue
+            if c.step > floor:
+                moved.append((str(c.path), str(ck.quarantine(run_dir, c)), c.reason))
+            else:
+                left.append((str(c.path), c.reason))
+        tracker_before = None
+        overrides: list[str] = []
+        if engine == "verl":
+            from hpc_grpo.engines.verl import resume_overrides
+
+            overrides = resume_overrides(best.path if best else None)
+            if best is not None and ck.tracker_step(run_dir) != best.step:
+                tracker_before = _read_tracker(run_dir)
+                _write_tracker(run_dir, best.step)
+    return Prepared(engine, best, moved, left, overrides, tracker_before)
+
+
+def record(run_dir: Path, prepared: Prepared, job_id: str, executor: str) -> None:
+    """The job's "start" event in history.jsonl: which attempt, from which checkpoint, what moved."""
+    data = prepared.as_dict()
+    restarts = os.environ.get("SLURM_RESTART_COUNT")
+    data["restart_count"] = int(restarts) if restarts and restarts.isdigit() else 0
+    data["host"] = os.uname().nodename
+    runs.append_history(Path(run_dir), job_id, "start", executor, note=prepared.summary(), data=data)
+
+
+def job_identity() -> tuple[str, str]:
+    """(job id, executor) of the running job: Slurm's, submitit's local one, or this process."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return os.environ["SLURM_JOB_ID"], "slurm"
+    local = os.environ.get("SUBMITIT_LOCAL_JOB_ID")
+    return (local, "local") if local else (str(os.getpid()), "local")
+
+
+def prepare_and_record(run_dir: Path, engine: str) -> Prepared:
+    """prepare(), its "start" line in the history, and the disk-full reserve (hpc_grpo.job.disk)."""
+    from hpc_grpo.job import disk
+
+    prepared = prepare(run_dir, engine)
+    job_id, executor = job_identity()
+    record(run_dir, prepared, job_id, executor)
+    disk.ensure_reserve(run_dir)
+    return prepared
+
+
+def _read_tracker(run_dir: Path) -> str:
+    try:
+        return (ck.checkpoint_dir(run_dir) / ck.TRACKER).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""  # missing
+
+
+def _write_tracker(run_dir: Path, step: int) -> None:
+    """Atomic (verl writes it with a plain open("w"), which a crash leaves empty)."""
+    folder = ck.checkpoint_dir(run_dir)
+    fd, tmp = tempfile.mkstemp(prefix=f".{ck.TRACKER}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(step))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, folder / ck.TRACKER)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpc_grpo.job.prepare_resume", description=__doc__.split("\n")[0])
+    parser.add_argument("--spec", required=True, type=Path, help="RUN_DIR/spec.yaml (the frozen run spec)")
+    parser.add_argument("--args-out", type=Path, help="write the engine's resume overrides here, one per line")
+    args = parser.parse_args(argv)
+    from hpc_grpo.resolve import load_frozen
+    from hpc_grpo.yamlio import SpecError
+
+    try:
+        spec = load_frozen(args.spec)
+        prepared = prepare_and_record(spec.path, spec.recipe.engine)
+    except (SpecError, OSError, TimeoutError) as exc:
+        print(f"hpc-grpo: resume preparation failed: {exc}", file=sys.stderr, flush=True)
+        return 2
+    print(f"hpc-grpo: resume preparation: {prepared.summary()}", flush=True)
+    if args.args_out:
+        args.args_out.parent.mkdir(parents=True, exist_ok=True)
+        args.args_out.write_text("".join(f"{o}\n" for o in prepared.overrides), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
