@@ -32,7 +32,7 @@ from hpc_grpo import restart, runs, slurm
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS, SAVE_FREQ, FAULT_AFTER = 12, 10, 3
+STEPS, SAVE_FREQ, FAULT_AFTER = 30, 25, 3
 SHRINK = [f"train.total_training_steps={STEPS}", f"checkpoint.save_freq={SAVE_FREQ}", "checkpoint.keep=2",
           "grpo.entropy_coeff=0.01", "batch.train=2", "batch.mini=2", "batch.micro_per_gpu=4",
           "batch.log_prob_micro_per_gpu=4", "grpo.n=2", "data.max_response_length=8"]
@@ -103,7 +103,8 @@ def chained(env: Env) -> Path:
     """Submitted first, so its two time limits pass while the fault tests run."""
     name = env.name("chain")
     spec = env.runs_root / name / "spec.yaml"
-    driver = f"launch.driver=[bash,-c,sleep {CHAIN_START_DELAY_S} && exec python3 -m hpc_grpo.job.trl_job --spec {spec}]"
+    trainer = f"exec python3 -m hpc_grpo.job.trl_job --spec {spec}"
+    driver = f"launch.driver=[bash,-c,sleep {CHAIN_START_DELAY_S} && {trainer}]"
     return env.submit(name, *CHAIN, driver)
 
 
