@@ -189,9 +189,12 @@ def run_with_fault(env: Env, name: str, fault) -> FaultRun:
 
 
 def check_fault_run(env: Env, run: FaultRun, reference: subprocess.Popen[str], cause: str) -> None:
-    history = runs.read_history(run.run_dir)
+    everything = runs.read_history(run.run_dir)
+    history = [h for h in everything if h.purpose not in runs.EVENTS]
     assert [(h.job_id, h.purpose) for h in history] == [(run.job_id, "train"), (run.job_id, "requeue")], history
     assert history[1].note.startswith(cause), history[1].note
+    starts = [h.note for h in everything if h.purpose == "start"]  # resume preparation at each start
+    assert len(starts) == 2 and f"checkpoint-{run.resumed_from} (step {run.resumed_from})" in starts[1], starts
     assert f"saved step {run.resumed_from}" in history[1].note, history[1].note
     marker = json.loads((run.run_dir / "signal_save.json").read_text())
     assert marker["step"] == run.resumed_from
