@@ -91,7 +91,8 @@ class TrainJob:
         if rc != 0:
             last = (runs.read_history(run_dir) or [None])[-1]
             said = last is not None and last.purpose == "failed" and last.job_id == str(env.job_id)
-            if env.global_rank == 0 and not said:  # the trainer may have said why just now (disk full)
+            # rc < 0: killed by a signal (scontrol requeue, scancel, a time limit): Slurm's doing, not a failure.
+            if env.global_rank == 0 and rc > 0 and not said:  # the trainer may have said why just now (disk full)
                 runs.append_history(run_dir, env.job_id, "failed", spec.cluster.scheduler,
                                     note=f"{script.name} exited with status {rc}: not requeued")
             raise RuntimeError(f"{script} exited with status {rc}; see the job's logs in {self.run_dir}")
