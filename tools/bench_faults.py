@@ -106,10 +106,11 @@ def measure(fault: str, root: Path, base: list[str], env: dict[str, str], fault_
                 resumed = int(marker["step"])
                 if fault == "time-limit":
                     fault_at = float(marker["signal_at"])
-            seen = max([seen, *(r["step"] for r in table)])
             first = next((r for r in table if resumed is not None and r["step"] == resumed + 1
                           and r["time"] > fault_at), None)
-            if first is not None:
+            if first is None:  # every line so far is the first attempt's: what it trained
+                seen = max([seen, *(r["step"] for r in table)])
+            else:
                 return {"fault": fault, "job": job_id, "resumed": resumed, "time_s": first["time"] - fault_at,
                         "lost": seen - resumed, "save_freq": save_freq}
             if time.monotonic() > end:
@@ -124,7 +125,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
     parser.add_argument("--fault-after", type=int, default=3, help="logged steps before the fault")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=400, help="max_steps (each run is cancelled once measured)")
     parser.add_argument("--save-freq", type=int, default=2, help="periodic saves (what scontrol requeue falls back to)")
     args = parser.parse_args()
     from hpc_grpo.data import prepare_gsm8k
