@@ -122,7 +122,7 @@ def test_tiny_job_completes_on_slurm(env: Env, tiny_slurm: tuple[Path, str, str]
     print(f"tiny-gsm8k on slurm-dev: job {job_id} {info.state} after {time.monotonic() - t0:.1f}s "
           f"(elapsed {info.elapsed})")
     assert info.state == "COMPLETED", (info, log.read_text()[-3000:] if log.exists() else "no log")
-    history = runs.read_history(run_dir)
+    history = [h for h in runs.read_history(run_dir) if h.purpose not in runs.EVENTS]  # not resume preparation's
     assert [(h.job_id, h.purpose, h.executor) for h in history] == [(job_id, "train", "slurm")]
     status = env.status(run_dir)
     assert status["jobs"][-1]["job_id"] == job_id
@@ -187,7 +187,7 @@ def test_second_submit_into_a_live_run_is_refused(env: Env) -> None:
         second = env.submit(*sleeper)
         assert second.returncode == 2, second.stdout + second.stderr
         assert "already has a live job" in second.stderr and first_id in second.stderr
-        assert [h.job_id for h in runs.read_history(run_dir)] == [first_id]
+        assert runs.job_ids(run_dir) == [first_id]
         assert jobs_named(name) == [first_id]
     finally:
         slurm.cancel(first_id)
@@ -201,7 +201,7 @@ def test_second_submit_into_a_live_run_is_refused(env: Env) -> None:
     third_id = last_job(run_dir)
     try:
         assert third_id != first_id
-        history = runs.read_history(run_dir)
+        history = [h for h in runs.read_history(run_dir) if h.purpose not in runs.EVENTS]
         assert [(h.job_id, h.purpose) for h in history] == [(first_id, "train"), (third_id, "train")]
     finally:
         slurm.cancel(third_id)
@@ -216,7 +216,7 @@ def test_local_cluster_runs_the_tiny_job(env: Env) -> None:
     print(f"tiny-gsm8k on cluster=local: exit {proc.returncode} after {time.monotonic() - t0:.1f}s")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = env.runs_root / name
-    history = runs.read_history(run_dir)
+    history = [h for h in runs.read_history(run_dir) if h.purpose not in runs.EVENTS]
     assert [(h.purpose, h.executor) for h in history] == [("train", "local")]
     status = env.status(run_dir)
     assert status["jobs"][-1]["state"] == "COMPLETED"
