@@ -257,7 +257,7 @@ def submit_eval(spec: RunSpec, argv: list[str], after: str | None = None) -> Any
         # clean_env drops every SLURM_* variable, SLURM_CONF too: without it sbatch would not find this cluster.
         if conf:
             os.environ["SLURM_CONF"] = conf
-        executor = TemplateSlurmExecutor(espec, dependency=f"afterok:{after}" if after else None)
+        executor = TemplateSlurmExecutor(espec, extra_sbatch=[("dependency", f"afterok:{after}")] if after else None)
         executor.update_parameters(**slurm_parameters(espec))
         job = executor.submit(EvalJob(argv))
     runs.append_history(spec.path, job.job_id, "eval", "slurm", note=f"afterok:{after}" if after else "")

@@ -114,9 +114,9 @@ def recreate_command(spec: RunSpec) -> str:
     return " ".join(quote_word(p) for p in recreate_argv(spec))
 
 
-def sbatch_context(spec: RunSpec, command: str, dependency: str | None = None) -> dict[str, Any]:
-    """Everything the sbatch header needs, as plain values (the template quotes each). `dependency` is an
-    sbatch dependency such as afterok:123 (the evaluation job after training)."""
+def sbatch_context(spec: RunSpec, command: str, extra: list[tuple[str, Any]] | None = None) -> dict[str, Any]:
+    """Everything the sbatch header needs, as plain values (the template quotes each). `extra`: more #SBATCH
+    options (the evaluation job's afterok dependency, a chained follow-on's afternotok)."""
     r, c = spec.recipe, spec.cluster
     res = r.resources
     gpus = spec.gpus_per_node
@@ -139,10 +139,9 @@ def sbatch_context(spec: RunSpec, command: str, dependency: str | None = None) -
                        ("qos", res.qos or c.qos)):
         if value:
             sbatch.append((key, value))
-    if dependency:
-        sbatch.append(("dependency", dependency))
     sbatch += [
         ("signal", f"USR2@{c.signal_delay_s}"),
+        *(extra or []),
         ("output", f"{folder}/%j_0_log.out"),
         ("error", f"{folder}/%j_0_log.err"),
         ("open-mode", "append"),
@@ -156,7 +155,10 @@ def sbatch_context(spec: RunSpec, command: str, dependency: str | None = None) -
     if c.setup.container:
         srun += [f"--container-image={c.setup.container}", f"--container-mounts={spec.run_dir}:{spec.run_dir}",
                  "--no-container-mount-home"]
-    return {"sbatch": sbatch, "requeue": c.requeue, "srun_args": srun, "command": shlex.split(command)}
+    # Chained mode: never requeued (the site may forbid it; a preempted job must end PREEMPTED so its follow-on runs).
+    chain = c.restart == "chain"
+    return {"sbatch": sbatch, "requeue": c.requeue and not chain, "no_requeue": chain, "srun_args": srun,
+            "command": shlex.split(command)}
 
 
 def common_context(spec: RunSpec) -> dict[str, Any]:
@@ -201,11 +203,11 @@ def launch_context(spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def render_sbatch(spec: RunSpec, command: str | None = None, dependency: str | None = None) -> str:
+def render_sbatch(spec: RunSpec, command: str | None = None, extra: list[tuple[str, Any]] | None = None) -> str:
     """The batch script Slurm receives. `command` is submitit's; render time computes the same one."""
     command = command or submitit_command(submitit_dir(spec), spec.python)
     tmpl = environment().get_template("sbatch.sh.j2")
-    return tmpl.render(**common_context(spec), **sbatch_context(spec, command, dependency))
+    return tmpl.render(**common_context(spec), **sbatch_context(spec, command, extra))
 
 
 def render_launch(spec: RunSpec) -> str:

@@ -24,7 +24,9 @@ from hpc_grpo.yamlio import SpecError
 
 HISTORY = "history.jsonl"
 SPEC = "spec.yaml"
-PURPOSES = ("train", "requeue", "resume", "eval")
+# train: first job; requeue: a restart (note: its cause first); resume: `hpc-grpo resume`; eval: evaluation job;
+# chain: a queued follow-on (cluster.restart=chain). Why a run was not carried on is a "failed" event (EVENTS).
+PURPOSES = ("train", "requeue", "resume", "eval", "chain")
 
 
 class RunBusy(SpecError):

@@ -53,6 +53,7 @@ __all__ = [
     "requeue",
     "sacct_states",
     "squeue_states",
+    "time_left_s",
 ]
 
 
@@ -602,3 +603,23 @@ def gpu_query(job_id: str, fields: str, nodes: int, timeout: float = 60) -> str:
     args = ["srun", "--overlap", f"--jobid={jid}", f"--nodes={int(nodes)}", f"--ntasks={int(nodes)}",
             "--ntasks-per-node=1", "bash", "-c", cmd]
     return _run(args, timeout=timeout)
+
+
+def time_left_s(job_id: str) -> int | None:
+    """Seconds left in a running job's allocation (squeue's TimeLeft); None when unknown or unlimited.
+
+    Tells a time-limit warning (little time left) from a preemption or a user's signal (much time left).
+    """
+    (jid,) = _check_ids([job_id])
+    args = ["squeue", "--noheader", "-j", jid, "-O", "TimeLeft:|"]
+    try:
+        text = _run(args, timeout=10)
+    except SlurmError as e:
+        if "invalid job id" in e.stderr.lower():
+            return None
+        raise
+    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    try:
+        return parse_duration(first.split("|")[0])
+    except ValueError:
+        return None

@@ -141,6 +141,9 @@ class Resources(Strict):
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
+    # How often a time limit may requeue the run (preemptions and node failures requeue without limit): a run
+    # that keeps hitting its limit is stopped instead of queueing forever.
+    max_timeout_requeues: int = Field(default=3, ge=0, le=1000)
 
     @field_validator("time", mode="before")
     @classmethod
@@ -452,6 +455,10 @@ class Cluster(Strict):
     time_max: str = "2-00:00:00"
     signal_delay_s: int = Field(default=120, ge=0)
     requeue: bool = True
+    # How a run carries on after a time limit or preemption: "requeue" (the job requeues itself, scontrol requeue)
+    # or "chain" (for sites where users may not requeue: each job queues its follow-on with
+    # --dependency=afternotok:<job>, which resumes only after TIMEOUT, PREEMPTED or NODE_FAIL).
+    restart: Literal["requeue", "chain"] = "requeue"
     runs_root: str = "~/hpc-grpo-runs"
     shared_paths: list[str] = Field(default_factory=list, description="folders every node sees (checked for nodes > 1)")
     offline: bool = Field(default=False, description="compute nodes cannot reach the Hugging Face Hub")

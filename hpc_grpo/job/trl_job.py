@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -28,7 +29,7 @@ from hpc_grpo import checkpoints as ck
 from hpc_grpo import runs
 from hpc_grpo.checkpoints import Checkpoint
 from hpc_grpo.engines.trl import checkpoint_dir, grpo_config_kwargs, lora_config_kwargs
-from hpc_grpo.job import disk, prepare_resume
+from hpc_grpo.job import disk, prepare_resume, save_signal
 from hpc_grpo.prune import job_prune
 from hpc_grpo.spec import RunSpec
 
@@ -291,8 +292,11 @@ def metrics_callback(path: Path, max_steps: int) -> Any:
 
 
 # --------------------------------------------------------------------------------------------- main
-def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
-    """Build everything from the spec, resume from the newest complete checkpoint, train, report."""
+def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | None = None) -> dict[str, Any]:
+    """Build everything from the spec, resume from the newest complete checkpoint, train, report.
+
+    With `on_signal` (installed by main), a USR2 makes the trainer save at the next step end and stop; the
+    result then has "stopped_on_signal" and no train_done.json is written (the run is not done)."""
     t0 = time.time()
     run_dir = Path(spec.run_dir)
     if spec_path.resolve().parent != run_dir.resolve():
@@ -370,6 +374,8 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
     trainer.add_callback(metrics_callback(run_dir / METRICS_FILE, config.max_steps))
     lock_saves(trainer, run_dir)
     trainer.add_callback(prune_callback(run_dir))
+    if on_signal is not None:
+        trainer.add_callback(save_signal.callback(on_signal))
     log("trainer ready: training")
     try:
         result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
@@ -379,6 +385,16 @@ def train(spec: RunSpec, spec_path: Path) -> dict[str, Any]:
         message = disk.explain(run_dir, spec.run_name, "trl")
         disk.report(run_dir, message)  # releases the reserve first: room for this message in the log and history
         raise JobError(message) from exc
+
+    step = trainer.state.global_step
+    if on_signal is not None and on_signal.requested and step < trainer.state.max_steps:
+        saved = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
+        if saved is None or saved.step != step:
+            raise JobError(f"stopped on the signal at step {step}, but checkpoint-{step} is not complete on disk")
+        marker = on_signal.write_marker(run_dir, step, str(saved.path))
+        log(f"saved {saved.path.name} on the signal {marker['saved_at'] - marker['signal_at']:.1f} s after it "
+            "came: stopping for the requeue")
+        return {"stopped_on_signal": True, "final_step": step, "last_checkpoint": str(saved.path)}
 
     runtime = float(result.metrics.get("train_runtime", 0.0))
     final = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
@@ -447,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpc_grpo.job.trl_job", description=__doc__.split("\n")[0])
     parser.add_argument("--spec", required=True, type=Path, help="RUN_DIR/spec.yaml (the frozen run spec)")
     args = parser.parse_args(argv)
+    # First of all: from here on a USR2 asks for a save instead of killing the process.
+    on_signal = save_signal.SaveOnSignal(args.spec.resolve().parent)
+    on_signal.install()
     from hpc_grpo.resolve import load_frozen
     from hpc_grpo.yamlio import SpecError
 
@@ -454,11 +473,14 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_frozen(args.spec)
         if spec.recipe.engine != "trl":
             raise JobError(f"{args.spec} is a {spec.recipe.engine} run, not trl")
-        train(spec, args.spec)
+        result = train(spec, args.spec, on_signal)
+        # Python's shutdown puts the default action (death) back on signals it handled: a USR2 that came now
+        # would kill a finished process. Ignored stays ignored.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     except (JobError, SpecError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
-    return 0
+    return save_signal.STOPPED_FOR_REQUEUE if result.get("stopped_on_signal") else 0
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def test_eval_job_has_its_own_resources_and_the_afterok_dependency(isolated: Pat
                     "eval.resources.time=00:07:00", "eval.resources.partition=high")
     espec = evaluate.eval_spec(spec)
     assert espec.run_dir == spec.run_dir and espec.run_name == "r1-eval"
-    text = render.render_sbatch(espec, "python -m submitit.core._submit /x", "afterok:4242")
+    text = render.render_sbatch(espec, "python -m submitit.core._submit /x", extra=[("dependency", "afterok:4242")])
     assert "#SBATCH --dependency=afterok:4242" in text
     assert "#SBATCH --cpus-per-task=1" in text and "#SBATCH --time=7" in text and "#SBATCH --partition=high" in text
     assert "--gpus-per-node" not in text  # hf backend: no GPU unless asked
