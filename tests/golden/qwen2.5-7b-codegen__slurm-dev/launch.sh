@@ -11,9 +11,12 @@
 set -euo pipefail
 
 run_dir=/runs/golden
+# Every in-job Python step (Ray's CLI, the join wait, the driver) runs this interpreter, frozen in spec.yaml.
+python={python}
 nnodes=1
 gpus_per_node=8
-cpus_per_node=4
+# Ray's logical CPUs per node: at least what the engine's actors reserve (see hpc_grpo.engines.verl.ray_cpus_per_node).
+ray_cpus=50
 join_timeout_s=180
 job_id="${SLURM_JOB_ID:?launch.sh runs inside a Slurm job}"
 node_index="${SLURM_NODEID:?}"
@@ -53,13 +56,18 @@ joined_file="$state_dir/joined.$attempt"
 ray_tmp="/tmp/hpc-grpo-ray-$job_id-$node_index"
 
 export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
+# Slurm sets ROCR_VISIBLE_DEVICES to the same list as CUDA_VISIBLE_DEVICES where gres.conf names no GPU vendor;
+# verl's workers refuse to run with both set. Equal lists say nothing more: drop the AMD one.
+if [ -n "${ROCR_VISIBLE_DEVICES:-}" ] && [ "${ROCR_VISIBLE_DEVICES}" = "${CUDA_VISIBLE_DEVICES:-}" ]; then
+  unset ROCR_VISIBLE_DEVICES
+fi
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 unset RAY_ADDRESS
 
 ray_args=(
   --node-ip-address="$my_ip"
   --num-gpus="$gpus_per_node"
-  --num-cpus="$cpus_per_node"
+  --num-cpus="$ray_cpus"
   --temp-dir="$ray_tmp"
   --node-manager-port=$(( my_base + 1 ))
   --object-manager-port=$(( my_base + 2 ))
@@ -70,7 +78,6 @@ ray_args=(
   --min-worker-port=$(( my_base + 50 ))
   --max-worker-port=$(( my_base + 99 ))
   --disable-usage-stats
-  --include-log-monitor=false
   --block
 )
 
@@ -148,7 +155,7 @@ if [ "$node_index" -eq 0 ]; then
   # decision recorded in history.jsonl. It writes verl's resume overrides (resume_path + resume_from_path, or
   # disable; never auto), one per line, for the driver's command line.
   resume_args_file="$state_dir/resume-args.$attempt"
-  python3 -m hpc_grpo.job.prepare_resume --spec "$run_dir/spec.yaml" --args-out "$resume_args_file"
+  "$python" -m hpc_grpo.job.prepare_resume --spec "$run_dir/spec.yaml" --args-out "$resume_args_file"
   mapfile -t resume_args < "$resume_args_file"
   # Teardown order: the workers leave first (they see done_file), then the head stops. A worker whose head went
   # first loses its GCS and leaves its agents behind (workers_stopped waits for their stopped files).
@@ -158,20 +165,20 @@ if [ "$node_index" -eq 0 ]; then
   # job's head on this host needs too: move it into this node's block. Minimal `ray` (no grpc) has no client server
   # and aborts when given the flag at all.
   client_args=()
-  if python3 -c 'import grpc' 2>/dev/null; then
+  if "$python" -c 'import grpc' 2>/dev/null; then
     client_args=(--ray-client-server-port=$(( my_base + 7 )))
   fi
   log "starting the Ray head on $head_node ($gcs_address) for $nnodes node(s)"
   # The API server runs even without the dashboard (on localhost): its port goes into the block too (default 8265 is
   # fixed, so a second head on the host would lose it). No autoscaler monitor: Slurm fixes the node set.
-  ray start --head --port="$port_base" "${client_args[@]}" --include-dashboard=false \
+  "$python" -m hpc_grpo.job.ray_start -- --head --port="$port_base" "${client_args[@]}" --include-dashboard=false \
     --dashboard-port=$(( my_base + 8 )) --no-monitor "${ray_args[@]}" &
   ray_pid=$!
   expect=()
   for node in "${nodes[@]}"; do
     expect+=("$node=$(node_addr "$node")")
   done
-  python3 -m hpc_grpo.job.ray_wait --address "$gcs_address" --nodes "$nnodes" \
+  "$python" -m hpc_grpo.job.ray_wait --address "$gcs_address" --nodes "$nnodes" \
     --gpus $(( nnodes * gpus_per_node )) --timeout "$join_timeout_s" --expect "${expect[@]}" --ray-pid "$ray_pid" \
     --marker "$joined_file"
   log "all $nnodes node(s) joined; starting the driver"
@@ -179,7 +186,7 @@ if [ "$node_index" -eq 0 ]; then
   export WANDB_RESUME=allow
   export WANDB_RUN_ID=golden-82738dea
   driver=(
-    python3
+    {python}
     -m
     verl.trainer.main_ppo
     --config-name
@@ -196,7 +203,6 @@ if [ "$node_index" -eq 0 ]; then
     data.truncation=error
     data.shuffle=True
     actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct
-    actor_rollout_ref.model.enable_gradient_checkpointing=True
     actor_rollout_ref.model.use_remove_padding=True
     actor_rollout_ref.model.trust_remote_code=False
     actor_rollout_ref.actor.optim.lr=1e-06
@@ -215,6 +221,9 @@ if [ "$node_index" -eq 0 ]; then
     actor_rollout_ref.rollout.temperature=1.0
     actor_rollout_ref.rollout.tensor_model_parallel_size=2
     actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+    actor_rollout_ref.rollout.max_model_len=3072
+    actor_rollout_ref.rollout.max_num_seqs=320
+    actor_rollout_ref.rollout.enforce_eager=False
     actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
     actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1
     actor_rollout_ref.actor.megatron.context_parallel_size=1
@@ -227,6 +236,9 @@ if [ "$node_index" -eq 0 ]; then
     actor_rollout_ref.ref.megatron.expert_model_parallel_size=1
     actor_rollout_ref.ref.megatron.sequence_parallel=True
     actor_rollout_ref.ref.megatron.dtype=bfloat16
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1
     actor_rollout_ref.actor.megatron.param_offload=True
     actor_rollout_ref.actor.megatron.optimizer_offload=True
     actor_rollout_ref.ref.megatron.param_offload=True
@@ -236,25 +248,44 @@ if [ "$node_index" -eq 0 ]; then
     trainer.total_epochs=3
     trainer.test_freq=-1
     trainer.val_before_train=False
-    trainer.save_freq=100
-    trainer.max_actor_ckpt_to_keep=3
+    trainer.save_freq=39
+    trainer.max_actor_ckpt_to_keep=null
     trainer.default_local_dir=/runs/golden/checkpoints
-    'trainer.logger=[console,wandb]'
+    'trainer.logger=[console,wandb,file]'
     trainer.project_name=hpc-grpo-codegen
     trainer.experiment_name=golden
-    ray_kwargs.ray_init.num_cpus=4
+    reward.custom_reward_function.path=pkg://hpc_grpo.code_reward
+    reward.custom_reward_function.name=compute_score
+    +reward.custom_reward_function.reward_kwargs.pass_weight=1.0
+    +reward.custom_reward_function.reward_kwargs.style_weight=0.1
+    +reward.custom_reward_function.reward_kwargs.syntax_penalty=0.2
+    +reward.custom_reward_function.reward_kwargs.no_code_penalty=0.5
+    +reward.custom_reward_function.reward_kwargs.per_test_timeout=1.0
+    +reward.custom_reward_function.reward_kwargs.memory_mb=1024
     +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RUN_ID=golden-82738dea
     +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RESUME=allow
+    +ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=/runs/golden/verl_metrics.jsonl
     +actor_rollout_ref.actor.megatron.override_transformer_config.masked_softmax_fusion=True
     +actor_rollout_ref.actor.megatron.override_transformer_config.bias_activation_fusion=True
     +actor_rollout_ref.actor.megatron.override_transformer_config.gradient_accumulation_fusion=True
   )
   driver+=("${resume_args[@]}")
+  # Retention is hpc-grpo's (verl's max_actor_ckpt_to_keep is off): once now, after resume preparation; after each
+  # save by a poller beside the driver (verl has no save hook); once more at the end. A prune never fails the job.
+  # The interpreter: python3 until the launch script gets the run's frozen interpreter (branch i8run).
+  "$python" -m hpc_grpo.job.prune_poller --run-dir "$run_dir" --once --when "job start" || true
+  "$python" -m hpc_grpo.job.prune_poller --run-dir "$run_dir" --verl-log "$run_dir/verl_metrics.jsonl" \
+    --stop-file "$done_file" &
+  poller_pid=$!
   RAY_ADDRESS="$gcs_address" "${driver[@]}" || driver_status=$?
   log "driver exited with status $driver_status"
+  kill "$poller_pid" 2>/dev/null || true
+  wait "$poller_pid" 2>/dev/null || true
+  "$python" -m hpc_grpo.job.prune_poller --run-dir "$run_dir" --once --when "run end" \
+    --verl-log "$run_dir/verl_metrics.jsonl" || true
   if [ "$driver_status" -ne 0 ]; then
     # verl does not say when a save failed for want of space: this names the disk and the fix if so.
-    python3 -m hpc_grpo.job.disk --spec "$run_dir/spec.yaml" || true
+    "$python" -m hpc_grpo.job.disk --spec "$run_dir/spec.yaml" || true
   fi
   exit "$driver_status"
 else
@@ -263,7 +294,7 @@ else
   log "node ${nodes[$node_index]}: Ray worker ($my_ip) will join $gcs_address"
   # `ray start`, with Ray's CLI imported while the head starts; it runs once the head's GCS port answers (exit 3:
   # not within the join timeout, 4: node 0 already finished).
-  python3 -m hpc_grpo.job.ray_start --wait "$gcs_address" --timeout "$join_timeout_s" --done-file "$done_file" \
+  "$python" -m hpc_grpo.job.ray_start --wait "$gcs_address" --timeout "$join_timeout_s" --done-file "$done_file" \
     --label "node ${nodes[$node_index]}" -- --address="$gcs_address" "${ray_args[@]}" &
   ray_pid=$!
   # Stay until the driver on node 0 has exited (or this node's Ray died).

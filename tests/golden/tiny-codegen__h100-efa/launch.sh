@@ -17,4 +17,7 @@ driver=(
   --spec
   /runs/golden/spec.yaml
 )
+# A USR2 (time-limit warning, preemption) asks for a save: ignored until the trainer installs its handler, so one
+# that comes during start-up cannot kill it (the job also leaves a save request in the run directory).
+trap '' USR2
 exec "${driver[@]}"
