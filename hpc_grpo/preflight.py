@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
