@@ -60,7 +60,7 @@ def test_submit_eval_runs_without_the_callers_slurm_variables(isolated: Path, mo
 
     def fake_submit(self, fn):
         seen.update(os.environ)
-        seen["dependency"] = self.dependency
+        seen["extra"] = self.extra_sbatch
         seen["callable"] = type(fn).__name__
         return Job()
 
@@ -68,7 +68,7 @@ def test_submit_eval_runs_without_the_callers_slurm_variables(isolated: Path, mo
     sub = evaluate.submit_eval(spec, evaluate.job_argv(spec.path), after="77")
     assert sub.job_id == "501"
     assert "SLURM_JOB_ID" not in seen and "SLURM_NODELIST" not in seen
-    assert seen["SLURM_CONF"] == "/etc/slurm-test.conf" and seen["dependency"] == "afterok:77"
+    assert seen["SLURM_CONF"] == "/etc/slurm-test.conf" and seen["extra"] == [("dependency", "afterok:77")]
     assert seen["callable"] == "EvalJob"
     assert os.environ["SLURM_JOB_ID"] == "77"  # the caller's environment is back afterwards
     assert [(e.purpose, e.job_id, e.note) for e in __import__("hpc_grpo.runs", fromlist=["x"]).read_history(spec.path)] \
