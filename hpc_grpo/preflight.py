@@ -204,7 +204,7 @@ def _plan_talks_to_it(spec: RunSpec) -> bool:
 
 
 def check_slurm(spec: RunSpec, make: Make, for_submit: bool) -> list[Finding]:
-    from hpc_grpo import render, slurm
+    from hpc_grpo import slurm
 
     if not for_submit and not _plan_talks_to_it(spec):
         return [info("cluster", f"Slurm checks of '{spec.cluster.name}' (MaxTime, GRES, account, sbatch --test-only) "
@@ -252,6 +252,8 @@ def check_slurm(spec: RunSpec, make: Make, for_submit: bool) -> list[Finding]:
     out += check_association(spec, make)
     if any(f.severity is Severity.ERROR or f.severity is Severity.WARNING for f in out):
         return out  # sbatch would only repeat it, less clearly
+    from hpc_grpo import render  # jinja2: only where the script is rendered
+
     try:
         answer = slurm.test_only(render.render_sbatch(spec))
         out.append(info("resources", f"sbatch --test-only (nothing queued): {answer.removeprefix('sbatch: ')}"))
