@@ -1,4 +1,4 @@
-"""Preflight checks one by one (no Slurm needed here: tests/slurm/test_preflight.py runs the Slurm part for real).
+"""Preflight checks one by one (no Slurm needed here: tests/slurm/test_preflight_slurm.py runs the Slurm part for real).
 
 Files are real files in tmp_path: a parquet written by pyarrow, jsonl lines, model folders with or without their
 tokenizer files, a fake Hugging Face cache laid out as huggingface_hub lays it out.
