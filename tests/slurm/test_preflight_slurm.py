@@ -126,7 +126,7 @@ def test_preflight_error_exits_1_and_queues_nothing(env: Env, case: str) -> None
 def test_submit_without_cluster_picks_slurm_dev_and_keeps_secrets(env: Env) -> None:
     name = env.name("pf-pick")
     secret_env = {**env.env, **SECRETS}
-    proc = subprocess.run([*CLI, "submit", *env.tiny, "train.total_training_steps=4",
+    proc = subprocess.run([*CLI, "submit", *env.tiny, "train.total_training_steps=30",
                            f"cluster.runs_root={env.runs_root}", "--name", name, "--no-wait"], capture_output=True,
                           text=True, env=secret_env, cwd=env.root, timeout=180, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -145,7 +145,7 @@ def test_submit_without_cluster_picks_slurm_dev_and_keeps_secrets(env: Env) -> N
             bars += [ln for ln in text.splitlines() if ln.startswith("Progress: [")]
         if st["jobs"][-1]["state"] not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "UNKNOWN"):
             break
-        time.sleep(4.0)  # each look is a CLI process: a tighter poll would slow the job it watches on 2 cores
+        time.sleep(1.0)  # each look is a CLI process; 30 steps take ~15 s on an idle machine, minutes under load
     info = wait_final(job, 60)
     assert info.state == "COMPLETED", info
     print("progress lines seen:", *dict.fromkeys(bars), sep="\n  ")
