@@ -95,7 +95,7 @@ def test_trl_job_runs_on_the_frozen_interpreter(bare_env: tuple[Path, dict[str, 
 
     root, env = bare_env
     data = prepare_gsm8k(GSM8K, root / "data")
-    run_dir, job_id = submit(root, env, "recipe=tiny-gsm8k", f"data.train_files={data.trl_train}",
+    run_dir, job_id = submit(root, env, "recipe=tiny-gsm8k", "eval.enabled=false", f"data.train_files={data.trl_train}",
                              f"data.val_files={data.trl_test}", f"model.path={root / 'models' / 'tiny-qwen2'}",
                              "train.total_training_steps=2", "checkpoint.save_freq=2")
     info = wait_final(job_id)

@@ -52,7 +52,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
 
     e = make_env(tmp_path_factory.mktemp("prune"))
     data = prepare_gsm8k(GSM8K, e.root / "data")
-    e.tiny = ["recipe=tiny-gsm8k", f"data.train_files={data.trl_train}", f"data.val_files={data.trl_test}",
+    e.tiny = ["recipe=tiny-gsm8k", "eval.enabled=false", f"data.train_files={data.trl_train}", f"data.val_files={data.trl_test}",
               f"model.path={e.root / 'models' / 'tiny-qwen2'}"]
     return e
 

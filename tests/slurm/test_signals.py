@@ -88,7 +88,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     # One thread per trainer: the cluster's 16 CPUs are 2 real cores shared with other jobs.
     e.update(HOME=str(root / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
              PATH=str(Path(sys.executable).parent) + os.pathsep + e.get("PATH", ""))
-    tiny = ["recipe=tiny-gsm8k", f"data.train_files={train}", f"data.val_files={data.trl_test}",
+    tiny = ["recipe=tiny-gsm8k", "eval.enabled=false", f"data.train_files={train}", f"data.val_files={data.trl_test}",
             f"model.path={model}"]
     return Env(root, root / "runs", e, tiny, tag=f"{os.getpid():x}{int(time.time()) % 100000:x}")
 
