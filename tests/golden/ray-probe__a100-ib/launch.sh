@@ -192,7 +192,7 @@ if [ "$node_index" -eq 0 ]; then
   # A custom driver (launch.driver) gets no resume overrides: they are in the file resume_args_file names.
   # Retention is hpc-grpo's (verl's max_actor_ckpt_to_keep is off): once now, after resume preparation; after each
   # save by a poller beside the driver (verl has no save hook); once more at the end. A prune never fails the job.
-  # The interpreter: python3 until the launch script gets the run's frozen interpreter (branch i8run).
+  # The poller runs on the run's frozen interpreter, like every other in-job step.
   "$python" -m hpc_grpo.job.prune_poller --run-dir "$run_dir" --once --when "job start" || true
   "$python" -m hpc_grpo.job.prune_poller --run-dir "$run_dir" --verl-log "$run_dir/verl_metrics.jsonl" \
     --stop-file "$done_file" &
