@@ -152,7 +152,7 @@ def test_submit_without_cluster_picks_slurm_dev_and_keeps_secrets(env: Env) -> N
     assert len(steps) >= 2, steps  # the bar moved while the job ran
     assert len(set(bars)) >= 2, bars
     final = env.status(run_dir)["monitor"]
-    assert final["progress"]["step"] == 4 and final["progress"]["total"] == 4
+    assert final["progress"]["step"] == 30 and final["progress"]["total"] == 30
     assert final["progress"]["step_time_s"] and final["progress"]["step_time_s"] > 0
     assert {"reward", "kl", "grad_norm", "response_length"} <= set(final["latest"])
     assert final["progress"]["requeues"] == 0
