@@ -160,9 +160,9 @@ def test_submit_without_cluster_picks_slurm_dev_and_keeps_secrets(env: Env) -> N
     at_limit = final["latest"]["response_length"] >= 32 - 0.5
     assert any("data.max_response_length=32" in h for h in final["hints"]) == at_limit, final
     shown = env.cli("status", str(run_dir)).stdout
-    assert "[##############################] 4/4 100%" in shown and "Latest (step 4)" in shown
+    assert "[##############################] 30/30 100%" in shown and "Latest (step 30)" in shown
     log = env.cli("logs", str(run_dir))
-    assert log.returncode == 0 and "step 4/4" in log.stdout, log.stdout[-2000:] + log.stderr
+    assert log.returncode == 0 and "step 30/30" in log.stdout, log.stdout[-2000:] + log.stderr
     leaked = [str(p) for p in run_dir.rglob("*") if p.is_file()
               and any(v.encode() in p.read_bytes() for v in SECRETS.values())]
     assert leaked == []
