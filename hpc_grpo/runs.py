@@ -85,6 +85,12 @@ def read_history(run_dir: Path) -> list[HistoryEntry]:
     return entries
 
 
+def last_job_id(run_dir: Path, purpose: str = "train") -> str | None:
+    """The newest job submitted for one purpose: a training submit also queues its eval job after it."""
+    ids = [e.job_id for e in read_history(run_dir) if e.purpose == purpose]
+    return ids[-1] if ids else None
+
+
 def job_ids(run_dir: Path) -> list[str]:
     """Distinct job ids of a run, in submission order."""
     return list(dict.fromkeys(e.job_id for e in read_history(run_dir) if e.purpose not in EVENTS))

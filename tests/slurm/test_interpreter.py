@@ -52,7 +52,7 @@ def submit(root: Path, env: dict[str, str], *args: str) -> tuple[Path, str]:
                           check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = root / "runs" / name
-    return run_dir, runs.read_history(run_dir)[-1].job_id
+    return run_dir, runs.last_job_id(run_dir)
 
 
 def wait_final(job_id: str) -> slurm.JobInfo:

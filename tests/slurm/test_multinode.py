@@ -78,7 +78,7 @@ def test_ray_bootstrap_across_nodes(nodes: int, tmp_path: Path) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True, env=job_env(home), cwd=tmp_path, timeout=180,
                           stdin=subprocess.DEVNULL, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    job_id = runs.read_history(run_dir)[-1].job_id
+    job_id = runs.last_job_id(run_dir)
     info = wait_final(job_id, JOB_DEADLINE_S)
     took = time.monotonic() - t0
     assert info.state == "COMPLETED", (info, logs(run_dir, job_id))

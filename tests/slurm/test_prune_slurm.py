@@ -64,7 +64,7 @@ def test_keep_last_holds_across_two_requeues(env: Env) -> None:
                       "checkpoint.grace_s=0", "--name", name)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = env.runs_root / name
-    job_id = runs.read_history(run_dir)[-1].job_id
+    job_id = runs.last_job_id(run_dir)
     end = time.monotonic() + DEADLINE_S
     t0 = time.monotonic()
     try:

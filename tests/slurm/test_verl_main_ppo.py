@@ -78,7 +78,8 @@ sys.modules[utils.__name__] = utils
 
 # Shrinking overrides: 2 nodes x 4 fake GPUs, tiny batches, no W&B, no time beyond the partition's limit.
 COMMON = ["resources.nodes=2", "resources.gpus_per_node=4", "resources.time=00:15:00", "logging.logger=[console]",
-          "grpo.n=2", "batch.train=16", "batch.mini=8", "data.filter_overlong_prompts=false"]
+          "grpo.n=2", "batch.train=16", "batch.mini=8", "data.filter_overlong_prompts=false",
+          "eval.enabled=false"]  # the job is cancelled at the GPU step: an eval queued after it would wait forever
 RECIPES = {
     "fsdp": ["recipe=qwen2.5-3b-gsm8k-lora", *COMMON, "batch.micro_per_gpu=1", "batch.log_prob_micro_per_gpu=1"],
     "megatron": ["recipe=qwen2.5-7b-codegen", *COMMON, "data.max_prompt_length=512", "data.max_response_length=256",
@@ -157,7 +158,7 @@ def test_main_ppo_reaches_the_gpu_step_in_a_2_node_job(backend: str,
                           check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = root / "runs" / name
-    job_id = runs.read_history(run_dir)[-1].job_id
+    job_id = runs.last_job_id(run_dir)
 
     # The job runs exactly what render wrote: verl's entry with its overrides, on the profile's venv interpreter.
     spec = load_frozen(run_dir / "spec.yaml")
