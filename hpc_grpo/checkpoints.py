@@ -385,3 +385,15 @@ def _megatron_complete(actor: Path) -> tuple[bool, str]:
             if not ok:
                 return False, f"{rel} listed in ckpt_contents.json: {why}"
     return True, f"Megatron manifest and its {len(paths)} entries"
+
+
+def recorded_total_steps(ckpt: Checkpoint) -> int | None:
+    """The run's total step count as the engine recorded it in a checkpoint: trl's trainer_state.json max_steps
+    (verl records none: its total comes from the recipe). None when absent or not a positive integer."""
+    if ckpt.layout != "trl":
+        return None
+    try:
+        value = json.loads((ckpt.path / "trainer_state.json").read_text(encoding="utf-8")).get("max_steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

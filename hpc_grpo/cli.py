@@ -387,6 +387,10 @@ def print_status(status: Any) -> None:
         out.print(t)
     for failure in status.failures:
         out.print(f"[bold red]stopped:[/] {failure}")
+    if status.trained:
+        from rich.markup import escape
+
+        out.print(f"[bold green]{escape(status.trained)}[/]")
     out.print(f"Last step: {status.last_step if status.last_step is not None else '-'}   complete checkpoints: "
               f"{status.complete_checkpoints}   newest: {status.newest_checkpoint or '-'}   time used: {status.time_used_s} s")
     for log in status.logs:
@@ -647,7 +651,7 @@ def eval_cmd(
                         for r in outcome.results]})
         return
     if not outcome.ran_here:
-        dep = f" (afterok:{outcome.after})" if outcome.after else ""
+        dep = f" ({evaluate.dependency(outcome.after)}, evaluates only if the run is trained)" if outcome.after else ""
         out.print(f"Eval job {outcome.job_id}{dep} queued; log: {outcome.log}")
         out.print(f"Results will be in {outcome.run_dir}/eval/step_N.json; see them with: hpc-grpo report {outcome.run_dir}")
         return

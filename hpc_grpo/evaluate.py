@@ -1,9 +1,10 @@
 """GSM8K evaluation, login-node side: what to evaluate, where the data is, the eval job, and reading results.
 
 The evaluation runs as its own job (hpc_grpo/job/eval_job.py): on Slurm it is queued with
-`--dependency=afterok:<training job>` and its own resources (recipe `eval.resources`: one node, e.g. one GPU for
-vLLM), submitted from a clean environment so none of a surrounding job's SLURM_* variables leak into it. On
-`cluster=local` the training job runs it itself when training succeeded. Nothing here imports torch or lm_eval.
+`--dependency=afterany:<training job>` and its own resources (recipe `eval.resources`: one node, e.g. one GPU for
+vLLM), submitted from a clean environment so none of a surrounding job's SLURM_* variables leak into it; it
+evaluates only if the run is trained (hpc_grpo.trained: train_done.json, or the final checkpoint of a job that
+failed afterwards). On `cluster=local` the training job runs it itself, with the same check. Nothing here imports torch or lm_eval.
 
 Files: RUN/eval/step_N.json (scores, settings, timing, one row per problem; prune's keep-best reads
 `metrics["gsm8k/strict_match"]`), RUN/eval/tasks/ (the local lm-eval task definitions), RUN/exports/step_N/
@@ -200,9 +201,12 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------------ the job
 def job_argv(run_dir: Path, steps: list[int] | None = None, all_kept: bool = False, tasks: list[str] | None = None,
-             limit: int | None = None) -> list[str]:
-    """Arguments of `python -m hpc_grpo.job.eval_job` for a run."""
+             limit: int | None = None, after: str | None = None) -> list[str]:
+    """Arguments of `python -m hpc_grpo.job.eval_job` for a run; `after` (the training job it follows): evaluate
+    only if the run is trained by then (hpc_grpo.trained)."""
     argv = ["--run", str(run_dir)]
+    if after is not None:
+        argv += ["--if-trained", "--after", str(after)]
     for step in steps or []:
         argv += ["--step", str(step)]
     if all_kept:
@@ -244,8 +248,17 @@ class EvalJob:
         return 0
 
 
+def dependency(after: str) -> str:
+    """The eval job's dependency on training job `after`: afterany, not afterok. A training job that wrote its final
+    checkpoint and then failed (field report 004: W&B's teardown) is trained, and afterok would never start the
+    evaluation (its dependency can never be satisfied). Slurm keeps one job id across requeues and resolves the
+    dependency at that job's final end; the eval job then decides itself (--if-trained, hpc_grpo.trained)."""
+    return f"afterany:{after}"
+
+
 def submit_eval(spec: RunSpec, argv: list[str], after: str | None = None) -> Any:
-    """Queue the eval job on Slurm (afterok `after` when given), from a clean environment. Returns the Submission."""
+    """Queue the eval job on Slurm (afterany `after` when given: the job checks the run is trained), from a clean
+    environment. Returns the Submission."""
     import submitit
 
     from hpc_grpo import render, runs
@@ -257,10 +270,10 @@ def submit_eval(spec: RunSpec, argv: list[str], after: str | None = None) -> Any
         # clean_env drops every SLURM_* variable, SLURM_CONF too: without it sbatch would not find this cluster.
         if conf:
             os.environ["SLURM_CONF"] = conf
-        executor = TemplateSlurmExecutor(espec, extra_sbatch=[("dependency", f"afterok:{after}")] if after else None)
+        executor = TemplateSlurmExecutor(espec, extra_sbatch=[("dependency", dependency(after))] if after else None)
         executor.update_parameters(**slurm_parameters(espec))
         job = executor.submit(EvalJob(argv))
-    runs.append_history(spec.path, job.job_id, "eval", "slurm", note=f"afterok:{after}" if after else "")
+    runs.append_history(spec.path, job.job_id, "eval", "slurm", note=dependency(after) if after else "")
     log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
     return Submission(spec.path, job.job_id, "slurm", str(log), job)
 
@@ -290,7 +303,7 @@ def run_here(argv: list[str]) -> None:
 
 def eval_run(run_dir: Path, steps: list[int], all_kept: bool, tasks: list[str] | None, limit: int | None,
              here: bool | None = None) -> EvalOutcome:
-    """Evaluate a run's checkpoints: here on cluster=local (or --here), else as a Slurm job (afterok a live
+    """Evaluate a run's checkpoints: here on cluster=local (or --here), else as a Slurm job (afterany a live
     training job, if there is one)."""
     from hpc_grpo import runs
     from hpc_grpo.resolve import load_frozen
@@ -312,6 +325,8 @@ def eval_run(run_dir: Path, steps: list[int], all_kept: bool, tasks: list[str] |
     live = runs.live_jobs(run_dir)
     train = [e.job_id for e in runs.read_history(run_dir) if e.purpose != "eval" and e.job_id in live]
     after = train[-1] if train else None
+    if after:
+        argv = job_argv(run_dir, steps, all_kept, tasks, limit, after=after)
     sub = submit_eval(spec, argv, after=after)
     return EvalOutcome(run_dir, False, [], sub.job_id, sub.log_hint, after)
 

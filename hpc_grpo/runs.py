@@ -35,8 +35,9 @@ class RunBusy(SpecError):
 
 # History lines that are not a submission: "start" is written by resume preparation at every start of a job
 # (first start, requeue, resume: which checkpoint, what was quarantined); "failed" by a job that stops on an error a
-# user must fix (disk full). Neither is a job of its own: status shows them under their job.
-EVENTS = ("start", "failed")
+# user must fix (disk full); "skipped" by an eval job queued after training that found the run not trained
+# (hpc_grpo.trained). None is a job of its own: status shows them under their job.
+EVENTS = ("start", "failed", "skipped")
 CHECKPOINT_LOCK = ".checkpoints.lock"
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo import checkpoints as ck
-from hpc_grpo import registry, render, runs
+from hpc_grpo import registry, render, runs, trained
 from hpc_grpo.resolve import load_frozen, load_raw
 from hpc_grpo.spec import Cluster, RunSpec
 from hpc_grpo.yamlio import SpecError
@@ -83,6 +83,7 @@ class RunStatus:
     newest_checkpoint: str | None = None
     complete_checkpoints: int = 0
     logs: list[str] = field(default_factory=list)
+    trained: str | None = None  # "trained (...)" once the run is trained (train_done.json or its final checkpoint)
 
     @property
     def time_used_s(self) -> int:
@@ -93,7 +94,8 @@ class RunStatus:
                 "cluster": self.spec.cluster.name, "jobs": [j.__dict__ for j in self.jobs],
                 "last_step": self.last_step, "newest_checkpoint": self.newest_checkpoint,
                 "complete_checkpoints": self.complete_checkpoints, "time_used_s": self.time_used_s, "logs": self.logs,
-                "restarts": [r.__dict__ for r in self.restarts], "failures": self.failures}
+                "restarts": [r.__dict__ for r in self.restarts], "failures": self.failures,
+                "trained": self.trained}
 
 
 def checkpoints(spec: RunSpec) -> list[ck.Checkpoint]:
@@ -148,13 +150,32 @@ def run_status(run_dir: Path) -> RunStatus:
                                       elapsed, info.exit_code if info else "", info.nodelist if info else ""))
         status.logs.append(str(render.submitit_dir(spec) / f"{entry.job_id}_0_log.out"))
     status.restarts = restarts(history, events, attempts)
-    status.failures = [f"job {e.job_id}: {e.note}" for e in events if e.purpose == "failed"]
+    status.failures = [f"job {e.job_id}: {e.note}" for e in events if e.purpose in ("failed", "skipped")]
     ckpts = checkpoints(spec)
     complete = [c for c in ckpts if c.complete]
     status.complete_checkpoints = len(complete)
     status.newest_checkpoint = str(complete[-1].path) if complete else None
     status.last_step = last_step(spec)
+    status.trained = trained_line(trained.decide(spec), status.jobs, events)
     return status
+
+
+def trained_line(verdict: trained.Trained, jobs: list[JobRow], events: list[runs.HistoryEntry]) -> str | None:
+    """What status says of a trained run; for one trained by its final checkpoint whose training job then failed
+    (field report 004: W&B's teardown), that it counts as trained and how the job ended. None while not trained."""
+    if not verdict.trained:
+        return None
+    if not verdict.by_checkpoint:
+        return f"trained ({verdict.reason})"
+    line = f"final checkpoint step {verdict.step} written"
+    train = [j for j in jobs if j.purpose != "eval"]
+    last = train[-1] if train else None
+    if last is not None and last.state not in ("COMPLETED", "RUNNING", "PENDING", "UNKNOWN"):
+        said = [e.note for e in events if e.purpose == "failed" and e.job_id == last.job_id]
+        why = said[-1] if said else f"job {last.job_id} ended {last.state}" + (f", exit {last.exit_code}"
+                                                                              if last.exit_code else "")
+        line += f"; the job then failed: {why}"
+    return f"trained ({line})"
 
 
 def restarts(history: list[runs.HistoryEntry], events: list[runs.HistoryEntry],

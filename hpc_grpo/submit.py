@@ -33,7 +33,7 @@ class Submission:
     executor: str
     log_hint: str
     job: Any = None
-    eval: Any = None  # the evaluation job's Submission (Slurm: queued afterok the training job)
+    eval: Any = None  # the evaluation job's Submission (Slurm: queued afterany the training job; checks it trained)
 
 
 class _TrainingFinished(Exception):
@@ -44,7 +44,8 @@ class TrainJob:
     """What each task of the job runs: the engine's launch script (Ray bootstrap for verl).
 
     `after` is set on a chained follow-on (cluster.restart=chain): the job it waits for with afternotok.
-    `eval_after` (cluster=local, where there is no scheduler to chain a job): evaluate once training succeeded.
+    `eval_after` (cluster=local, where there is no scheduler to chain a job): evaluate once training ended, if the
+    run is trained (also when the trainer failed after its final save: hpc_grpo.trained decides).
     """
 
     def __init__(self, run_dir: str, after: str | None = None, eval_after: bool = False) -> None:
@@ -99,12 +100,18 @@ class TrainJob:
             if env.global_rank == 0 and rc > 0 and not said:  # the trainer may have said why just now (disk full)
                 runs.append_history(run_dir, env.job_id, "failed", spec.cluster.scheduler,
                                     note=f"{script.name} exited with status {rc}: not requeued")
+            if self.eval_after and rc > 0:
+                self._evaluate(run_dir, str(env.job_id))  # a failure after the final save still counts as trained
             raise RuntimeError(f"{script} exited with status {rc}; see the job's logs in {self.run_dir}")
         if self.eval_after:
-            from hpc_grpo.evaluate import EvalJob, job_argv
-
-            EvalJob(job_argv(run_dir))()
+            self._evaluate(run_dir, str(env.job_id))
         return rc
+
+    def _evaluate(self, run_dir: Path, job_id: str) -> None:
+        """cluster=local: the eval job's in-job side, run here; it evaluates only if the run is trained."""
+        from hpc_grpo.evaluate import EvalJob, job_argv
+
+        EvalJob(job_argv(run_dir, after=job_id))()
 
     def _request_save(self) -> None:
         """Ask the training process for a save at its next step end: a request file (read at every step end,
@@ -288,11 +295,11 @@ def _submit_slurm(spec: RunSpec, purpose: str, note: str = "", data: dict[str, A
     log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
     eval_job = None
     if spec.recipe.eval.enabled and spec.cluster.restart != "chain":
-        # Chained mode: this first job ends by its time limit, so an afterok evaluation would never start;
-        # `hpc-grpo eval RUN` evaluates the finished run.
+        # Chained mode: this first job ends by its time limit and the run goes on in follow-ons with new job ids, so
+        # an evaluation after this job would only find the run untrained; `hpc-grpo eval RUN` evaluates the finished run.
         from hpc_grpo.evaluate import job_argv, submit_eval
 
-        eval_job = submit_eval(spec, job_argv(spec.path), after=job.job_id)
+        eval_job = submit_eval(spec, job_argv(spec.path, after=job.job_id), after=job.job_id)
     return Submission(spec.path, job.job_id, "slurm", str(log), job, eval_job)
 
 

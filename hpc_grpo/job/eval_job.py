@@ -1,6 +1,10 @@
 """In-job side of the GSM8K evaluation: `python -m hpc_grpo.job.eval_job --run RUN_DIR [--step N | --all-kept]`
 or `--model PATH [--out DIR]`.
 
+Queued after a training job (`--if-trained --after JOB`: Slurm starts it `afterany` that job, whatever its end),
+it first asks hpc_grpo.trained whether the run is trained (train_done.json, or its newest complete checkpoint at
+the final step); if not it exits at once, and the history says why ("skipped").
+
 For each chosen checkpoint: take a reader lease (prune leaves it alone), export it to RUN/exports/step_N/
 (cached), score it with lm-eval's gsm8k / gsm8k_cot on local files, compute verl's strict reward on the same
 generations, and write RUN/eval/step_N.json. The base model is scored once per model path and settings (cached
@@ -169,6 +173,37 @@ def evaluate_model(model: str, out: Path | None, tasks: list[str] | None, limit:
     return path
 
 
+def trained_gate(spec: RunSpec, after: str | None) -> Any:
+    """The verdict of hpc_grpo.trained for a run this job was queued after. Live training jobs other than this one
+    and the one it follows (Slurm said that one ended) mean the run is still going."""
+    from hpc_grpo import trained
+
+    own = os.environ.get("SLURM_JOB_ID")
+    evals = {e.job_id for e in runs.read_history(spec.path) if e.purpose == "eval"}
+    try:
+        live = runs.live_jobs(spec.path)
+    except Exception as exc:  # noqa: BLE001 - Slurm unreachable: judge from the disk alone, and say so
+        log(f"could not ask Slurm which jobs are live ({exc}); judging from the run directory only")
+        live = {}
+    others = {j: st for j, st in live.items() if j not in evals and j not in (own, after)}
+    return trained.decide(spec, others)
+
+
+def skip_untrained(spec: RunSpec, after: str | None) -> bool:
+    """True (and a "skipped" history line) when the run is not trained: nothing is evaluated then."""
+    verdict = trained_gate(spec, after)
+    if verdict.trained:
+        log(f"run {spec.run_name} is trained: {verdict.reason}")
+        return False
+    job = os.environ.get("SLURM_JOB_ID") or str(os.getpid())
+    executor = "slurm" if os.environ.get("SLURM_JOB_ID") else "local"
+    note = (f"evaluation skipped: {verdict.reason}" + (f" (training job {after} has ended)" if after else "")
+            + f"; evaluate by hand once trained: hpc-grpo eval {spec.run_dir}")
+    runs.append_history(spec.path, job, "skipped", executor, note=note, data={"after": after})
+    log(note)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpc_grpo.job.eval_job", description=__doc__.split("\n")[0])
     parser.add_argument("--run", type=Path, help="run directory")
@@ -182,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-file", default=None)
     parser.add_argument("--num-fewshot", type=int, default=None)
     parser.add_argument("--max-gen-toks", type=int, default=None)
+    parser.add_argument("--if-trained", action="store_true",
+                        help="evaluate only if the run is trained (train_done.json or its final checkpoint)")
+    parser.add_argument("--after", default=None, help="with --if-trained: the training job this job was queued after")
     args = parser.parse_args(argv)
     from hpc_grpo.resolve import load_frozen
     from hpc_grpo.export import ExportError
@@ -198,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.run is None:
                 raise EvalError("give --run RUN_DIR or --model PATH")
             spec = load_frozen(args.run / "spec.yaml")
+            if args.if_trained and skip_untrained(spec, args.after):
+                return 0
             evaluate_run(spec, args.step, args.all_kept, tasks, args.limit)
     except (EvalError, SpecError, FileNotFoundError, ExportError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)

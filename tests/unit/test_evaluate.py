@@ -18,13 +18,13 @@ def spec_for(tmp: Path, cluster: str = "slurm-dev", *overrides: str):
     return resolve_spec("tiny-gsm8k", cluster, [f"cluster.runs_root={tmp / 'runs'}", *overrides], run_name="r1")
 
 
-def test_eval_job_has_its_own_resources_and_the_afterok_dependency(isolated: Path) -> None:
+def test_eval_job_has_its_own_resources_and_the_afterany_dependency(isolated: Path) -> None:
     spec = spec_for(isolated, "slurm-dev", "resources.cpus_per_task=4", "eval.resources.cpus_per_task=1",
                     "eval.resources.time=00:07:00", "eval.resources.partition=high")
     espec = evaluate.eval_spec(spec)
     assert espec.run_dir == spec.run_dir and espec.run_name == "r1-eval"
-    text = render.render_sbatch(espec, "python -m submitit.core._submit /x", extra=[("dependency", "afterok:4242")])
-    assert "#SBATCH --dependency=afterok:4242" in text
+    text = render.render_sbatch(espec, "python -m submitit.core._submit /x", extra=[("dependency", evaluate.dependency("4242"))])
+    assert "#SBATCH --dependency=afterany:4242" in text
     assert "#SBATCH --cpus-per-task=1" in text and "#SBATCH --time=7" in text and "#SBATCH --partition=high" in text
     assert "--gpus-per-node" not in text  # hf backend: no GPU unless asked
     assert "--dependency" not in render.render_sbatch(spec)
@@ -68,11 +68,11 @@ def test_submit_eval_runs_without_the_callers_slurm_variables(isolated: Path, mo
     sub = evaluate.submit_eval(spec, evaluate.job_argv(spec.path), after="77")
     assert sub.job_id == "501"
     assert "SLURM_JOB_ID" not in seen and "SLURM_NODELIST" not in seen
-    assert seen["SLURM_CONF"] == "/etc/slurm-test.conf" and seen["extra"] == [("dependency", "afterok:77")]
+    assert seen["SLURM_CONF"] == "/etc/slurm-test.conf" and seen["extra"] == [("dependency", "afterany:77")]
     assert seen["callable"] == "EvalJob"
     assert os.environ["SLURM_JOB_ID"] == "77"  # the caller's environment is back afterwards
     assert [(e.purpose, e.job_id, e.note) for e in __import__("hpc_grpo.runs", fromlist=["x"]).read_history(spec.path)] \
-        == [("eval", "501", "afterok:77")]
+        == [("eval", "501", "afterany:77")]
 
 
 def test_data_files_from_the_recorded_source_or_an_error_naming_the_key(isolated: Path, gsm8k_dir: Path) -> None:
