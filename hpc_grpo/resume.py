@@ -19,7 +19,7 @@ from hpc_grpo import runs
 from hpc_grpo.spec import RunSpec
 from hpc_grpo.yamlio import SpecError, parse_scalar
 
-DONE_FILE = "train_done.json"
+DONE_FILE = runs.DONE_FILE
 # What may change without --force: where and how long the run is allowed to run, not what it trains.
 FREE_PREFIXES = ("resources.",)
 FREE_KEYS = ("cluster.time_max", "cluster.signal_delay_s", "cluster.partition", "cluster.account", "cluster.qos")

@@ -39,6 +39,7 @@ class RunBusy(SpecError):
 # (hpc_grpo.trained). None is a job of its own: status shows them under their job.
 EVENTS = ("start", "failed", "skipped")
 CHECKPOINT_LOCK = ".checkpoints.lock"
+DONE_FILE = "train_done.json"  # written atomically by a training that reached its last step (trl job)
 
 
 @dataclass(frozen=True, slots=True)

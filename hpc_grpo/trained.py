@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo import checkpoints as ck
+from hpc_grpo import runs
 from hpc_grpo.spec import RunSpec
 
-DONE_FILE = "train_done.json"
+DONE_FILE = runs.DONE_FILE
 
 
 @dataclass(frozen=True, slots=True)

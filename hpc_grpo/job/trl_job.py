@@ -34,7 +34,7 @@ from hpc_grpo.prune import job_prune
 from hpc_grpo.spec import RunSpec
 
 METRICS_FILE = "metrics.jsonl"
-DONE_FILE = "train_done.json"
+DONE_FILE = runs.DONE_FILE
 LENGTHS_FILE = "prompt_lengths.json"
 INCOMPLETE_DIR = ck.QUARANTINE_DIR
 # trl log key -> metrics.jsonl key
