@@ -1,10 +1,16 @@
 """The evaluation chained after training on the real local Slurm cluster, and lm-eval run by hand agreeing with it.
 
 tiny-gsm8k trains 2 steps (trl, CPU) as a Slurm job; submit queues the evaluation job through submitit with
-`--dependency=afterok:<training job>` and its own resources (eval.resources: 2 CPUs, no GPU). The test watches the
+`--dependency=afterany:<training job>` and its own resources (eval.resources: 2 CPUs, no GPU). The test watches the
 evaluation wait on the dependency while training runs, both end COMPLETED, RUN/eval/step_2.json holds strict and
 flexible scores on 5 GSM8K test problems, and the `lm_eval` CLI run by hand on the same export with the same local
 task gives the same numbers and the same generations. No stand-ins.
+
+afterany, not afterok: the eval job decides itself whether the run is trained (hpc_grpo.trained). Two more runs
+check that decision on real jobs: one whose training job fails after its final save (field report 004's W&B
+teardown error; here the final train_done.json write fails because that path is a folder) is evaluated and
+`status` says "trained ... then failed"; one cancelled mid-training is not evaluated, and its eval job ends at
+once instead of waiting forever on a dependency that can never be met (what afterok did).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     return e
 
 
-def test_eval_job_runs_afterok_training_and_lm_eval_by_hand_agrees(env: Env) -> None:
+def test_eval_job_runs_after_training_and_lm_eval_by_hand_agrees(env: Env) -> None:
     name = env.name("evalchain")
     proc = env.submit(*env.tiny, "--name", name)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -47,9 +53,9 @@ def test_eval_job_runs_afterok_training_and_lm_eval_by_hand_agrees(env: Env) -> 
     history = runs.read_history(run_dir)
     assert [e.purpose for e in history] == ["train", "eval"], history
     train_id, eval_id = history[0].job_id, history[1].job_id
-    assert history[1].note == f"afterok:{train_id}"
+    assert history[1].note == f"afterany:{train_id}"
     script = slurm.batch_script(eval_id)
-    assert f"#SBATCH --dependency=afterok:{train_id}" in script
+    assert f"#SBATCH --dependency=afterany:{train_id}" in script
     assert "#SBATCH --cpus-per-task=2" in script and "--gpus-per-node" not in script  # eval.resources, not train's
 
     # While training is queued or running, the evaluation waits on its dependency.
@@ -94,3 +100,52 @@ def test_eval_job_runs_afterok_training_and_lm_eval_by_hand_agrees(env: Env) -> 
     rows = [json.loads(line) for line in samples_file.read_text().splitlines() if line.strip()]
     by_doc = {r["doc_id"]: r["resps"][0][0] for r in rows}
     assert {s["doc_id"]: s["completion"] for s in gsm["samples"]} == by_doc
+
+
+def eval_log(run_dir: Path, job_id: str) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in (run_dir / "submitit").glob(f"{job_id}_0_log.*"))
+
+
+def test_a_job_that_fails_after_its_final_save_counts_as_trained(env: Env) -> None:
+    name = env.name("failafter")
+    proc = env.submit(*env.tiny, "eval.limit=2", "--name", name)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = env.runs_root / name
+    # The job's last act is writing train_done.json; a folder in its place makes that write fail after the final
+    # checkpoint is on disk (the job takes seconds to start: this lands first).
+    (run_dir / runs.DONE_FILE).mkdir()
+    train_id, eval_id = runs.last_job_id(run_dir), runs.last_job_id(run_dir, "eval")
+    train = wait_final(train_id, DEADLINE_S)
+    assert train.state == "FAILED", (train, eval_log(run_dir, train_id)[-3000:])
+    info = wait_final(eval_id, DEADLINE_S)
+    assert info.state == "COMPLETED", (info, eval_log(run_dir, eval_id)[-3000:])
+    assert "is trained: final checkpoint step 2 written" in eval_log(run_dir, eval_id)
+    result = json.loads((run_dir / "eval" / "step_2.json").read_text())
+    assert result["step"] == 2 and result["scores"]["gsm8k"]["n"] == 2
+    st = env.status(run_dir)
+    assert st["trained"].startswith("trained (final checkpoint step 2 written; the job then failed"), st["trained"]
+    assert not [e for e in runs.read_history(run_dir) if e.purpose == "skipped"]
+
+
+def test_a_cancelled_run_is_not_evaluated_and_its_eval_job_ends(env: Env) -> None:
+    name = env.name("cancelled")
+    proc = env.submit(*env.tiny, "train.total_training_steps=400", "checkpoint.save_freq=200", "eval.limit=2",
+                      "--name", name)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = env.runs_root / name
+    train_id, eval_id = runs.last_job_id(run_dir), runs.last_job_id(run_dir, "eval")
+    end = time.monotonic() + DEADLINE_S
+    while not [e for e in runs.read_history(run_dir) if e.purpose == "start"]:  # resume preparation ran: training
+        assert time.monotonic() < end, slurm.job_states([train_id, eval_id])
+        time.sleep(0.5)
+    slurm.cancel(train_id)
+    assert wait_final(train_id, 60).state == "CANCELLED"
+    info = wait_final(eval_id, 180)  # it starts once the training job ended, and stops at the check
+    assert info.state == "COMPLETED", (info, eval_log(run_dir, eval_id)[-3000:])
+    skipped = [e for e in runs.read_history(run_dir) if e.purpose == "skipped"]
+    assert len(skipped) == 1 and skipped[0].job_id == eval_id, skipped
+    assert "evaluation skipped: no train_done.json and no complete checkpoint" in skipped[0].note
+    assert f"hpc-grpo eval {run_dir}" in skipped[0].note
+    assert not (run_dir / "eval").exists() or not list((run_dir / "eval").glob("step_*.json"))
+    st = env.status(run_dir)
+    assert st["trained"] is None and any("evaluation skipped" in f for f in st["failures"]), st
