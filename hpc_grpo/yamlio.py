@@ -42,7 +42,19 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool =
     return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
 
 
+def _construct_number(loader: _LineLoader, node: yaml.ScalarNode) -> Any:
+    """YAML 1.1 reads `3:00:00` as the base-60 integer 10800; YAML 1.2 dropped that, and here a colon in a number
+    is a Slurm time (`resources.time: 3:00:00`): keep it as the string the user wrote."""
+    if ":" in str(node.value):
+        return loader.construct_scalar(node)
+    if node.tag.endswith(":int"):
+        return yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
+    return yaml.constructor.SafeConstructor.construct_yaml_float(loader, node)
+
+
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_LineLoader.add_constructor("tag:yaml.org,2002:int", _construct_number)
+_LineLoader.add_constructor("tag:yaml.org,2002:float", _construct_number)
 
 
 def _record_lines(node: yaml.Node, prefix: str, lines: dict[str, int]) -> None:

@@ -88,3 +88,15 @@ def test_time_parsing(text, minutes) -> None:
 def test_bad_times(text) -> None:
     with pytest.raises(ValueError):
         parse_time_minutes(text)
+
+
+def test_unquoted_slurm_times_stay_times(tmp_path: Path) -> None:
+    """YAML 1.1 would read `3:00:00` as the base-60 integer 10800 (a 7.5-day limit once taken as minutes)."""
+    spec = resolve_spec("tiny-gsm8k", "local", overrides=["resources.time=3:00:00", f"cluster.runs_root={tmp_path}"],
+                        run_name="x")
+    assert spec.recipe.resources.time == "3:00:00" and parse_time_minutes(spec.recipe.resources.time) == 180
+    frozen = tmp_path / "spec.yaml"
+    frozen.write_text(frozen_spec_text(spec))
+    assert load_frozen(frozen).recipe.resources.time == "3:00:00"
+    recipe, _, _ = split_overrides(["resources.time=1:30", "batch.train=1_024"])
+    assert ("resources.time", "1:30") in recipe and ("batch.train", 1024) in recipe
