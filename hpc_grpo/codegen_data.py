@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.code_reward import DATA_SOURCE
-from hpc_grpo.data import DataError, _atomic_write, _write_jsonl, _write_parquet
+from hpc_grpo.data import DataError, PrepareResult, _atomic_write, _write_jsonl, _write_parquet
 
 __all__ = ["SHIPPED_PROBLEMS", "CodegenResult", "load_problems", "normalize", "make_prompt", "prepare_codegen"]
 
@@ -32,18 +32,10 @@ _ASSERT_NAME = re.compile(r"assert\s+(?:not\s+)?\(?\s*([A-Za-z_]\w*)\s*\(")
 
 
 @dataclass(frozen=True)
-class CodegenResult:
-    """Where prepare_codegen wrote its files and what it kept."""
+class CodegenResult(PrepareResult):
+    """Where prepare_codegen wrote its files, what it kept, and how many overlong prompts it dropped."""
 
-    out_dir: Path
-    verl_train: Path
-    verl_test: Path
-    trl_train: Path
-    trl_test: Path
-    n_train: int
-    n_test: int
-    dropped_overlong: int
-    source: str
+    dropped_overlong: int = 0
 
 
 def _bad(source: str, line: int | None, problem: str) -> DataError:
@@ -218,4 +210,5 @@ def prepare_codegen(source: str, out_dir: str | os.PathLike[str], test_every: in
                 data = [{"prompt": make_prompt(p), "ground_truth": ground_truth(p), "task_id": p["id"]} for p in rows]
                 _atomic_write(paths[kind, split], lambda f, d=data: _write_jsonl(d, f))
     return CodegenResult(out_dir, paths["verl", "train"], paths["verl", "test"], paths["trl", "train"],
-                         paths["trl", "test"], len(splits["train"]), len(splits["test"]), dropped, source)
+                         paths["trl", "test"], len(splits["train"]), len(splits["test"]), source,
+                         dropped_overlong=dropped)

@@ -170,6 +170,16 @@ def _run_full(args: list[str], timeout: float = 20, stdin_text: str | None = Non
     return proc.stdout, proc.stderr
 
 
+def _run_or_none(args: list[str], none_when: str, timeout: float = 20) -> str | None:
+    """_run, but None when Slurm's error says there is nothing to report (`none_when`, case-insensitive)."""
+    try:
+        return _run(args, timeout=timeout)
+    except SlurmError as e:
+        if none_when in e.stderr.lower():
+            return None
+        raise
+
+
 def _check_ids(job_ids: list[str]) -> list[str]:
     out: list[str] = []
     for j in job_ids:
@@ -379,14 +389,9 @@ def squeue_states(job_ids: list[str]) -> dict[str, JobInfo]:
     ids = _check_ids(job_ids)
     if not ids:
         return {}
-    args = ["squeue", "--noheader", "--states=all", "-j", ",".join(ids), "-O", _SQUEUE_FORMAT]
-    try:
-        text = _run(args)
-    except SlurmError as e:
-        if "invalid job id" in e.stderr.lower():
-            return {}
-        raise
-    return parse_squeue(text)
+    text = _run_or_none(["squeue", "--noheader", "--states=all", "-j", ",".join(ids), "-O", _SQUEUE_FORMAT],
+                        none_when="invalid job id")
+    return parse_squeue(text) if text is not None else {}
 
 
 def sacct_states(job_ids: list[str]) -> dict[str, JobInfo]:
@@ -397,14 +402,9 @@ def sacct_states(job_ids: list[str]) -> dict[str, JobInfo]:
     ids = _check_ids(job_ids)
     if not ids:
         return {}
-    args = ["sacct", "--parsable2", "--noheader", "-X", "-j", ",".join(ids), "-o", _SACCT_FIELDS]
-    try:
-        text = _run(args, timeout=30)
-    except SlurmError as e:
-        if "accounting storage is disabled" in e.stderr.lower():
-            return {}
-        raise
-    return parse_sacct(text)
+    text = _run_or_none(["sacct", "--parsable2", "--noheader", "-X", "-j", ",".join(ids), "-o", _SACCT_FIELDS],
+                        none_when="accounting storage is disabled", timeout=30)
+    return parse_sacct(text) if text is not None else {}
 
 
 def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
@@ -454,14 +454,9 @@ def job_attempts(job_ids: list[str]) -> dict[str, list[Attempt]]:
     ids = _check_ids(job_ids)
     if not ids:
         return {}
-    args = ["sacct", "--parsable2", "--noheader", "-X", "-D", "-j", ",".join(ids), "-o", _ATTEMPT_FIELDS]
-    try:
-        text = _run(args, timeout=30)
-    except SlurmError as e:
-        if "accounting storage is disabled" in e.stderr.lower():
-            return {}
-        raise
-    return parse_attempts(text)
+    text = _run_or_none(["sacct", "--parsable2", "--noheader", "-X", "-D", "-j", ",".join(ids), "-o", _ATTEMPT_FIELDS],
+                        none_when="accounting storage is disabled", timeout=30)
+    return parse_attempts(text) if text is not None else {}
 
 
 def is_live(state: str) -> bool:
@@ -611,13 +606,9 @@ def time_left_s(job_id: str) -> int | None:
     Tells a time-limit warning (little time left) from a preemption or a user's signal (much time left).
     """
     (jid,) = _check_ids([job_id])
-    args = ["squeue", "--noheader", "-j", jid, "-O", "TimeLeft:|"]
-    try:
-        text = _run(args, timeout=10)
-    except SlurmError as e:
-        if "invalid job id" in e.stderr.lower():
-            return None
-        raise
+    text = _run_or_none(["squeue", "--noheader", "-j", jid, "-O", "TimeLeft:|"], none_when="invalid job id", timeout=10)
+    if text is None:
+        return None
     first = next((ln for ln in text.splitlines() if ln.strip()), "")
     try:
         return parse_duration(first.split("|")[0])

@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from hpc_grpo.job.ray_start import port_open
 
 POLL_S = 0.1
 
@@ -32,15 +33,6 @@ def _log(message: str, err: bool = False) -> None:
 
 def _alive(nodes: list[dict]) -> list[dict]:
     return [n for n in nodes if n.get("Alive") or n.get("alive")]
-
-
-def _port_open(address: str) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _pid_alive(pid: int) -> bool:
@@ -94,7 +86,7 @@ def wait_for_nodes(address: str, nodes: int, gpus: int, timeout: float, expect: 
             return True
         return False
 
-    while not _port_open(address):
+    while not port_open(address):
         if head_died():
             return 1
         if time.monotonic() > deadline:
