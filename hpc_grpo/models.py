@@ -101,46 +101,16 @@ def _groups(
     )
 
 
-def count_params(
-    *,
-    hidden_size: int,
-    intermediate_size: int,
-    num_hidden_layers: int,
-    num_attention_heads: int,
-    num_key_value_heads: int,
-    vocab_size: int,
-    head_dim: int | None = None,
-    num_experts: int = 0,
-    num_experts_per_tok: int = 0,
-    moe_intermediate_size: int = 0,
-    tie_word_embeddings: bool = False,
-    attention_bias: bool = False,
-    qk_norm: bool = False,
-    num_moe_layers: int | None = None,
-) -> tuple[int, int]:
-    """(total, active) parameters of a Llama/Qwen2/Qwen3(-MoE) decoder from its config fields.
+def count_params(**config: Any) -> tuple[int, int]:
+    """(total, active) parameters of a Llama/Qwen2/Qwen3(-MoE) decoder from its config fields
+    (the keyword arguments of `_groups`, named as in config.json).
 
     Counts embeddings, per layer q/k/v/o (+ Qwen2's qkv bias, + Qwen3's q/k norm), the SwiGLU MLP
     (gate, up, down) or, for MoE layers, every expert + the router, two RMSNorms per layer plus the
     final norm, and the lm_head unless tied. Active = total minus the experts a token does not use.
     Rotary embeddings have no parameters.
     """
-    g = _groups(
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads,
-        vocab_size=vocab_size,
-        head_dim=head_dim,
-        num_experts=num_experts,
-        num_experts_per_tok=num_experts_per_tok,
-        moe_intermediate_size=moe_intermediate_size,
-        tie_word_embeddings=tie_word_embeddings,
-        attention_bias=attention_bias,
-        qk_norm=qk_norm,
-        num_moe_layers=num_moe_layers,
-    )
+    g = _groups(**config)
     return g.total, g.active
 
 
