@@ -115,13 +115,17 @@ def _copy_tokenizer(src: Path, dst: Path) -> bool:
 
 
 def merge_adapter(base_dir: str | Path, adapter_dir: Path, out: Path, tokenizer_from: list[Path]) -> None:
-    """peft: base + adapter -> merged weights (merge_and_unload), saved as a plain HF folder."""
+    """peft: base + adapter -> merged weights (merge_and_unload), saved as a plain HF folder.
+
+    The merge runs, and is saved, in float32: verl's merger writes the base in bfloat16 whatever the checkpoint held,
+    and a trained LoRA delta (often below bf16's 2^-8 relative step) added to bf16 weights would be partly rounded
+    away. The export is then 4 bytes a parameter; prune counts it by its real size."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with torch.no_grad():
-        base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype="auto")
+        base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
         merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
         out.mkdir(parents=True, exist_ok=True)
         merged.save_pretrained(str(out))

@@ -1,8 +1,8 @@
 """Export of checkpoints to merged Hugging Face folders, checked by logits: merged == base + adapter.
 
 trl: a real peft LoRA adapter on the tiny model, saved in trl's checkpoint layout, merged through the real code
-path. verl FSDP: verl's merger cannot run in this venv (full verl conflicts with trl's transformers), so its
-OUTPUT is stood in for: a folder with the base weights and `lora_adapter/`, as VERL.md says the merger writes;
+path. verl FSDP: verl's merger cannot run in this venv (full verl conflicts with trl's transformers); the real
+merger runs in .venv-verl in test_export_verl_merger.py. Here its OUTPUT is stood in for: a folder with the base weights and `lora_adapter/`, as VERL.md says the merger writes;
 everything after it (the peft merge, the atomic cache) is the real code. verl Megatron: mbridge's
 `actor/model/huggingface/` weights plus an adapter, built the same way. The merger's command line is checked.
 """
