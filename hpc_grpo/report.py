@@ -44,13 +44,22 @@ class Report:
         for r in self.evals:
             for task, s in r["scores"].items():
                 base = (r.get("base") or {}).get("scores", {}).get(task)
-                beside = (f" (base {base['strict_match']:.1%} / {base['flexible_extract']:.1%})" if base else "")
-                lines.append(f"  eval step {r['step']} {task}: strict {s['strict_match']:.1%}, flexible "
-                             f"{s['flexible_extract']:.1%}, verl strict {s['verl_strict_reward']:.1%} on {s['n']} "
-                             f"problems{beside}")
+                keys = score_keys(s)
+                beside = (" (base " + " / ".join(f"{base.get(k, 0):.1%}" for k, _ in keys) + ")" if base else "")
+                lines.append(f"  eval step {r['step']} {task}: "
+                             + ", ".join(f"{label} {s[k]:.1%}" for k, label in keys)
+                             + f" on {s['n']} problems{beside}")
         if not self.evals:
             lines.append("  no evaluation yet: hpc-grpo eval " + self.run_name)
         return lines
+
+
+GSM8K_KEYS = (("strict_match", "strict"), ("flexible_extract", "flexible"), ("verl_strict_reward", "verl strict"))
+
+
+def score_keys(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, label) of the scores one task result holds: GSM8K's three, or humaneval's pass@k."""
+    return [(k, label) for k, label in GSM8K_KEYS if k in s] or [(k, k) for k in s if k.startswith("pass@")]
 
 
 def parse_verl_log(text: str) -> list[dict[str, float]]:
@@ -116,14 +125,13 @@ def draw(rep: Report, out: Path) -> Path:
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
     ax = axes.flat[4]
-    ax.set_title("GSM8K accuracy per step")
+    ax.set_title("evaluation per step")
     ax.set_xlabel("step")
     ax.set_ylim(-0.02, 1.02)
     if rep.evals:
         task = next(iter(rep.evals[-1]["scores"]))
         xs = [r["step"] for r in rep.evals if task in r["scores"]]
-        for key, label in (("strict_match", "strict-match"), ("flexible_extract", "flexible-extract"),
-                           ("verl_strict_reward", "verl strict")):
+        for key, label in score_keys(rep.evals[-1]["scores"][task]):
             ax.plot(xs, [r["scores"][task][key] for r in rep.evals if task in r["scores"]], marker="o", label=label)
         ax.legend(fontsize=7)
     else:
@@ -135,14 +143,14 @@ def draw(rep: Report, out: Path) -> Path:
         last = rep.evals[-1]
         task = next(iter(last["scores"]))
         base = (last.get("base") or {}).get("scores", {}).get(task)
-        labels, pol, bas = ["strict", "flexible", "verl"], last["scores"][task], base or {}
-        keys = ("strict_match", "flexible_extract", "verl_strict_reward")
+        pol, bas = last["scores"][task], base or {}
+        labels, keys = [lb for _, lb in score_keys(pol)], [k for k, _ in score_keys(pol)]
         xs = range(len(keys))
         ax.bar([x - 0.2 for x in xs], [pol[k] for k in keys], width=0.4, label=f"step {last['step']}")
         ax.bar([x + 0.2 for x in xs], [bas.get(k, 0) for k in keys], width=0.4, label="base")
         ax.set_xticks(list(xs), labels)
         pub = last.get("published")
-        if pub:
+        if pub and task.startswith("gsm8k"):
             ax.axhline(pub["gsm8k"] / 100, ls="--", color="k", lw=1, label=f"published {pub['gsm8k']}%")
         ax.legend(fontsize=7)
         ax.set_xlabel(f"{task}, n={pol['n']}")

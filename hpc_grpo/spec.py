@@ -342,14 +342,15 @@ class EvalResources(Strict):
         return parse_time_minutes(self.time)
 
 
-EVAL_TASKS = ("gsm8k", "gsm8k_cot")
+EVAL_TASKS = ("gsm8k", "gsm8k_cot", "humaneval")
+GSM8K_TASKS = ("gsm8k", "gsm8k_cot")  # lm-eval tasks on the GSM8K files; humaneval needs none
 
 
 class Eval(Strict):
     """GSM8K evaluation after training (lm-eval's own task definitions, run offline on local files)."""
 
     enabled: bool = True
-    tasks: list[Literal["gsm8k", "gsm8k_cot"]] = Field(default_factory=lambda: ["gsm8k"], min_length=1)
+    tasks: list[Literal["gsm8k", "gsm8k_cot", "humaneval"]] = Field(default_factory=lambda: ["gsm8k"], min_length=1)
     limit: int | None = Field(default=None, gt=0, description="first K test problems (None: all 1319)")
     num_fewshot: int | None = Field(default=None, ge=0, description="None: the task's own (gsm8k 5, gsm8k_cot 8)")
     backend: Literal["hf", "vllm"] = "hf"

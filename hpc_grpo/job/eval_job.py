@@ -25,7 +25,7 @@ from typing import Any
 from hpc_grpo import evaluate, runs, scoring
 from hpc_grpo.evaluate import EvalSettings
 from hpc_grpo.job.trl_job import write_json_atomic
-from hpc_grpo.spec import RunSpec
+from hpc_grpo.spec import GSM8K_TASKS, RunSpec
 
 
 class EvalError(RuntimeError):
@@ -40,19 +40,34 @@ def log(message: str) -> None:
 
 
 def score_model(model_dir: str | Path, settings: EvalSettings, task_dir: Path) -> dict[str, Any]:
-    """lm-eval on one HF folder: scores per task, timing and throughput."""
-    scoring.write_task_dir(task_dir, list(settings.tasks), Path(settings.train_file), Path(settings.test_file))
-    args = scoring.build_args(model_dir, list(settings.tasks), settings.backend, limit=settings.limit,
-                              num_fewshot=settings.num_fewshot, batch_size=settings.batch_size,
-                              max_gen_toks=settings.max_gen_toks, tp=settings.tp, gpus=settings.gpus,
-                              gpu_memory_utilization=settings.gpu_memory_utilization)
-    log(f"lm-eval: {' '.join(args.cli(task_dir))}")
-    raw = scoring.run_lm_eval(args, task_dir)
-    n = sum(s["n"] for s in raw["tasks"].values())
-    return {"model": str(model_dir), "scores": raw["tasks"], "wall_time_s": raw["wall_time_s"],
-            "problems_per_s": round(n / raw["wall_time_s"], 4) if raw["wall_time_s"] else None,
-            "lm_eval_version": raw["lm_eval_version"], "lm_eval_cli": args.cli(task_dir),
-            "settings": settings.as_dict()}
+    """One HF folder on every task: GSM8K through lm-eval, humaneval through hpc_grpo.humaneval (the training
+    reward's sandboxed executor, pass@1); scores per task, timing and throughput."""
+    lm_tasks = [t for t in settings.tasks if t in GSM8K_TASKS]
+    result: dict[str, Any] = {"model": str(model_dir), "scores": {}, "wall_time_s": 0.0,
+                              "settings": settings.as_dict()}
+    if lm_tasks:
+        scoring.write_task_dir(task_dir, lm_tasks, Path(settings.train_file), Path(settings.test_file))
+        args = scoring.build_args(model_dir, lm_tasks, settings.backend, limit=settings.limit,
+                                  num_fewshot=settings.num_fewshot, batch_size=settings.batch_size,
+                                  max_gen_toks=settings.max_gen_toks, tp=settings.tp, gpus=settings.gpus,
+                                  gpu_memory_utilization=settings.gpu_memory_utilization)
+        log(f"lm-eval: {' '.join(args.cli(task_dir))}")
+        raw = scoring.run_lm_eval(args, task_dir)
+        result["scores"].update(raw["tasks"])
+        result["wall_time_s"] += raw["wall_time_s"]
+        result.update(lm_eval_version=raw["lm_eval_version"], lm_eval_cli=args.cli(task_dir))
+    if "humaneval" in settings.tasks:
+        from hpc_grpo import humaneval
+
+        t0 = time.time()
+        log(f"humaneval: pass@1, {settings.limit or 'all'} problems, greedy")
+        result["scores"].update(humaneval.task_scores(str(model_dir), limit=settings.limit,
+                                                      max_new_tokens=settings.max_gen_toks or 512))
+        result["wall_time_s"] += time.time() - t0
+    wall = result["wall_time_s"] = round(result["wall_time_s"], 3)
+    n = sum(s["n"] for s in result["scores"].values())
+    result["problems_per_s"] = round(n / wall, 4) if wall else None
+    return result
 
 
 def base_scores(model: str, settings: EvalSettings, cache_root: Path, task_dir: Path) -> dict[str, Any]:
@@ -164,6 +179,7 @@ def evaluate_model(model: str, out: Path | None, tasks: list[str] | None, limit:
     settings = EvalSettings(tuple(tasks or ["gsm8k"]), limit, num_fewshot, backend, 8, max_gen_toks,
                             train_file, test_file)
     out = out or Path.cwd() / "eval-model"
+    out.mkdir(parents=True, exist_ok=True)
     result = score_model(model, settings, out / "tasks")
     result.update({"step": None, "metrics": evaluate.metrics_of(result["scores"]),
                    "published": evaluate.published(model), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
@@ -228,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     tasks = evaluate.check_tasks(args.tasks.split(",")) if args.tasks else None
     try:
         if args.model:
-            if not (args.train_file and args.test_file):
+            if evaluate.needs_gsm8k(tasks or ["gsm8k"]) and not (args.train_file and args.test_file):
                 raise EvalError("--model needs --train-file and --test-file (GSM8K question/answer jsonl)")
-            evaluate_model(args.model, args.out, tasks, args.limit, args.train_file, args.test_file,
+            evaluate_model(args.model, args.out, tasks, args.limit, args.train_file or "", args.test_file or "",
                            num_fewshot=args.num_fewshot, max_gen_toks=args.max_gen_toks)
         else:
             if args.run is None:

@@ -26,7 +26,7 @@ def test_eval_model_on_the_tiny_model(isolated: Path, gsm8k_dir: Path) -> None:
                            "--train-file", f"{gsm8k_dir}/train.jsonl", "--out", str(isolated / "out")],
                           capture_output=True, text=True, env=env, cwd=isolated, timeout=400, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "GSM8K" in proc.stdout and "problems/s" in proc.stdout  # the table (rich wraps its headers)
+    assert "Evaluation" in proc.stdout and "problems/s" in proc.stdout  # the table (rich wraps its headers)
     result = json.loads((isolated / "out" / "eval.json").read_text())
     gsm = result["scores"]["gsm8k"]
     assert gsm["n"] == 3 and [s["doc_id"] for s in gsm["samples"]] == [0, 1, 2]
@@ -47,3 +47,31 @@ def test_eval_model_bad_input_exits_2(isolated: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "eval", "--model", str(isolated), "--tasks", "mmlu"],
                           capture_output=True, text=True, cwd=isolated, timeout=60, check=False)
     assert proc.returncode == 2 and "unknown task" in proc.stderr + proc.stdout
+
+
+def test_eval_humaneval_beside_gsm8k_and_alone_without_gsm8k_files(isolated: Path, gsm8k_dir: Path) -> None:
+    """`--tasks gsm8k,humaneval` scores both into one JSON (HumanEval through the sandboxed executor of the
+    training reward); humaneval alone needs no GSM8K files (HPC_GRPO_DATA points at an empty folder)."""
+    from hpc_grpo.tiny_model import ensure_tiny_model
+
+    model = ensure_tiny_model(isolated / "tiny-qwen2")
+    env = {**os.environ, "HF_HOME": str(isolated / "hf"), "HF_HUB_OFFLINE": "1", "HPC_GRPO_DATA": str(isolated / "none")}
+    common = [sys.executable, "-m", "hpc_grpo.cli", "eval", "--model", str(model), "--limit", "2", "--max-gen-toks", "16"]
+    both = subprocess.run([*common, "--tasks", "gsm8k,humaneval", "--num-fewshot", "0", "--out", str(isolated / "both"),
+                           "--test-file", f"{gsm8k_dir}/test.jsonl", "--train-file", f"{gsm8k_dir}/train.jsonl"],
+                          capture_output=True, text=True, env=env, cwd=isolated, timeout=400, check=False)
+    assert both.returncode == 0, both.stdout[-3000:] + both.stderr[-3000:]
+    result = json.loads((isolated / "both" / "eval.json").read_text())
+    assert set(result["scores"]) == {"gsm8k", "humaneval"}
+    he = result["scores"]["humaneval"]
+    assert he["n"] == 2 and 0.0 <= he["pass@1"] <= 1.0 and sum(he["outcomes"].values()) == 2  # one per problem
+    assert result["metrics"]["humaneval/pass@1"] == he["pass@1"]
+    assert result["metrics"]["gsm8k/strict_match"] == result["scores"]["gsm8k"]["strict_match"]
+    assert "pass@1" in both.stdout and "humaneval" in both.stdout
+
+    alone = subprocess.run([*common, "--tasks", "humaneval", "--out", str(isolated / "alone")],
+                           capture_output=True, text=True, env=env, cwd=isolated, timeout=400, check=False)
+    assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-3000:]
+    only = json.loads((isolated / "alone" / "eval.json").read_text())
+    assert set(only["scores"]) == {"humaneval"} and "lm_eval_cli" not in only
+    assert only["settings"]["test_file"] == "" and only["scores"]["humaneval"]["n"] == 2

@@ -179,6 +179,22 @@ def test_keep_best_reads_verl_trl_and_eval_records(tmp_path: Path) -> None:
     assert [s for s, _ in prune.candidates(trl, "trl")] == [2, 3]
 
 
+def test_keep_best_on_humaneval_pass_at_1(tmp_path: Path) -> None:
+    """`--keep-best eval/humaneval/pass@1:max`: the '@' and '/' stay in the name, the mode after the last ':'."""
+    assert prune.split_best("eval/humaneval/pass@1:max") == ("eval/humaneval/pass@1", "max")
+    assert prune.split_best("eval/humaneval/pass@10:min") == ("eval/humaneval/pass@10", "min")
+    assert prune.split_best("val-core/*/reward/mean@1") == ("val-core/*/reward/mean@1", "max")
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    for step, score in ((10, 0.2), (20, 0.7), (30, 0.4)):
+        (run / "eval" / f"step_{step}.json").write_text(json.dumps({"step": step, "metrics": {"humaneval/pass@1": score}}))
+        set_mtime(verl_fsdp_checkpoint(run / "checkpoints", step), OLD + step)
+    set_mtime(verl_fsdp_checkpoint(run / "checkpoints", 40), OLD + 40)
+    metric, mode = prune.split_best("eval/humaneval/pass@1:max")
+    prune.prune_run(run, "verl", prune.Policy(keep_last=1, grace_s=0, keep_best=metric, best_mode=mode))
+    assert [s for s, _ in prune.candidates(run, "verl")] == [20, 40]
+
+
 # ------------------------------------------------------------------------------------------ CLI
 def cli(*args: str, home: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "prune-ckpts", *args], capture_output=True,
