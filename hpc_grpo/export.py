@@ -160,6 +160,7 @@ def _export_verl_fsdp(ckpt: Path, out: Path, merger: Callable[[Path, Path], None
         merger(actor, merged)
         adapter = merged / "lora_adapter"
         if adapter.is_dir():
+            _check_merger_lora_alpha(actor, adapter)
             merge_adapter(merged, adapter, out, [merged, actor / "huggingface"])
             return "verl model_merger (fsdp), then peft merge_and_unload of its lora_adapter/"
         os.rename(merged, out)
@@ -168,6 +169,21 @@ def _export_verl_fsdp(ckpt: Path, out: Path, merger: Callable[[Path, Path], None
         return "verl model_merger (fsdp)"
     finally:
         shutil.rmtree(merged, ignore_errors=True)
+
+
+def _check_merger_lora_alpha(actor: Path, adapter: Path) -> None:
+    """verl's merger takes lora_alpha from <actor>/lora_train_meta.json only and writes 0 without it: peft's scaling
+    alpha/r is then 0 and the 'merged' model is the base model. Refuse that instead of exporting it."""
+    try:
+        alpha = json.loads((adapter / "adapter_config.json").read_text()).get("lora_alpha")
+    except (OSError, ValueError) as e:
+        raise ExportError(f"verl's merger wrote an unreadable {adapter / 'adapter_config.json'}: {e}") from e
+    if not alpha:
+        raise ExportError(f"verl's merger wrote lora_alpha={alpha!r} into {adapter.name}/adapter_config.json, so the "
+                          f"adapter would have no effect (the export would be the base model): "
+                          f"{actor / 'lora_train_meta.json'} is missing or has no lora_alpha. fix: write "
+                          '{"r": <lora_rank>, "lora_alpha": <lora_alpha>, "task_type": "CAUSAL_LM"} there, from the '
+                          "run's actor_rollout_ref.model.lora_rank/lora_alpha, and export again")
 
 
 def _export_verl_megatron(ckpt: Path, out: Path) -> str:

@@ -122,3 +122,17 @@ def test_real_verl_merger_export_equals_base_plus_adapter(tmp_path: Path) -> Non
     assert {p.dtype for p in merged.parameters()} == {torch.float32}
     assert json.loads((folder / "config.json").read_text()).get("dtype") == "float32"  # merged and kept in fp32
     assert python  # the merger ran in this interpreter (export.verl_python): asserted present above
+
+
+def test_real_merger_without_lora_train_meta_is_refused_not_exported_as_the_base(tmp_path: Path) -> None:
+    """Without lora_train_meta.json verl's merger writes lora_alpha=0 (scaling 0): the 'merged' model would be the
+    base model. The export refuses it, names the file and leaves nothing that looks done."""
+    verl_python_or_fail()
+    base = bf16_base(ensure_tiny_model(tmp_path / "tiny-qwen2"), tmp_path / "base-bf16")
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "global_step_2"
+    write_verl_fsdp_lora_checkpoint(base, ckpt, seed=5)
+    (ckpt / "actor" / "lora_train_meta.json").unlink()
+    with pytest.raises(export.ExportError, match="lora_train_meta.json is missing or has no lora_alpha"):
+        export.export_checkpoint(run, 2, ckpt, "verl-fsdp", str(base))
+    assert export.cached_export(run, 2) is None and not list((run / "exports").glob("*"))
