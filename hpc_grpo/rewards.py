@@ -104,3 +104,10 @@ def make_trl_reward(method: str = "strict", format_score: float = 0.0) -> Callab
 
 # verl's default: strict, 0 for a wrong answer.
 gsm8k_trl_reward = make_trl_reward()
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None,
+                  method: str = "strict", format_score: float = 0.0, **_: Any) -> float:
+    """verl's custom_reward_function signature (reward.custom_reward_function.name=compute_score), so a verl
+    run can use the flexible scorer or a format score, as trl runs do (a random model never writes "#### N")."""
+    return gsm8k_reward(solution_str, str(ground_truth), format_score=format_score, method=method)
