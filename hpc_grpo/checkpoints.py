@@ -325,12 +325,9 @@ def _fsdp_complete(actor: Path) -> tuple[bool, str]:
     ok, why = file_is_whole(cfg)
     if not ok:
         return False, why
-    try:
-        world = int(json.loads(cfg.read_text(encoding="utf-8"))["world_size"])
-    except (KeyError, TypeError, ValueError):
-        return False, "fsdp_config.json has no integer world_size"
-    if world < 1:
-        return False, f"fsdp_config.json has world_size {world}"
+    world = _fsdp_world(actor)
+    if world is None:
+        return False, "fsdp_config.json has no positive integer world_size"
     for kind in FSDP_KINDS:
         for rank in range(world):
             shard = actor / f"{kind}_world_size_{world}_rank_{rank}.pt"
@@ -348,6 +345,15 @@ def _fsdp_complete(actor: Path) -> tuple[bool, str]:
         return False, problem
     lora = " (LoRA)" if (actor / "lora_train_meta.json").exists() else ""
     return True, f"{world} FSDP shards{lora}"
+
+
+def _fsdp_world(actor: Path) -> int | None:
+    """W of actor/fsdp_config.json (the world size whose shards verl wrote); None without a positive integer."""
+    try:
+        world = int(json.loads((actor / "fsdp_config.json").read_text(encoding="utf-8"))["world_size"])
+    except (OSError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return world if world >= 1 else None
 
 
 def _megatron_complete(actor: Path) -> tuple[bool, str]:
@@ -397,3 +403,12 @@ def recorded_total_steps(ckpt: Checkpoint) -> int | None:
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def fsdp_world_size(ckpt: Checkpoint) -> int | None:
+    """The world size a verl FSDP checkpoint was saved at: verl 0.9.1 loads `model_world_size_W_rank_R.pt` only
+    for its own W (no resharding, verl issue #2265), so a resume must run at this size. None for other layouts
+    (Megatron dist checkpoints reshard; trl saves whole weights) and for an FSDP folder without a readable W."""
+    if ckpt.layout != "verl-fsdp":
+        return None
+    return _fsdp_world(ckpt.path / "actor")

@@ -658,6 +658,36 @@ def eval_cmd(
     print_eval_rows(outcome.results)
 
 
+@app.command("export")
+def export_cmd(
+    run: Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")] = None,
+    step: Annotated[Optional[int], typer.Option("--step", help="checkpoint step (default: the newest complete one)")] = None,
+) -> None:
+    """Merge a checkpoint into a Hugging Face model folder, RUN/exports/step_N/ (verl FSDP: verl's merger), e.g. to
+    start a new run from it at a world size the checkpoint cannot be resumed at."""
+    from hpc_grpo import export, runs
+    from hpc_grpo.job.eval_job import EvalError, base_model_path, choose
+    from hpc_grpo.job.trl_job import JobError
+    from hpc_grpo.resolve import load_frozen
+    from hpc_grpo.resume import new_run_command
+    from hpc_grpo.status import locate_run
+
+    spec = load_frozen(locate_run(run) / runs.SPEC)
+    try:
+        (ckpt,) = choose(spec, [] if step is None else [step], all_kept=False)
+    except EvalError as exc:
+        raise SpecError(str(exc), key="run" if step is None else "--step") from None
+    try:
+        with export.leased(spec.path, spec.recipe.engine, ckpt.step) as fresh:
+            out.print(f"Exporting step {fresh.step} ({fresh.layout}) from {fresh.path}")
+            folder = export.export_checkpoint(spec.path, fresh.step, fresh.path, fresh.layout, base_model_path(spec))
+    except (export.ExportError, JobError) as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    out.print(f"Exported: {folder} ({export.export_info(folder).get('how', '')})")
+    out.print(f"A new run from these weights: {new_run_command(spec, folder)}")
+
+
 @app.command()
 def report(
     run: Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")] = None,

@@ -21,9 +21,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpc_grpo.checkpoints import Checkpoint
 
 EXPORTS_DIR = "exports"
 MARKER = "export.json"
@@ -42,6 +46,21 @@ def export_dir(run_dir: Path, step: int) -> Path:
 def cached_export(run_dir: Path, step: int) -> Path | None:
     out = export_dir(run_dir, step)
     return out if (out / MARKER).is_file() else None
+
+
+@contextmanager
+def leased(run_dir: Path, engine: str, step: int) -> Iterator[Checkpoint]:
+    """Checkpoint `step` held against pruning while it is read (a reader lease, hpc_grpo.prune.lease) and judged
+    again under the lease: a prune may have removed it between the caller's listing and the lease."""
+    from hpc_grpo import checkpoints as ck
+    from hpc_grpo.prune import lease
+
+    with lease(run_dir, step):
+        fresh = {c.step: c for c in ck.list_checkpoints(run_dir, engine)}.get(step)
+        if fresh is None or not fresh.complete:
+            raise ExportError(f"checkpoint step {step} went away before it was leased (pruned meanwhile?): "
+                              "choose another step")
+        yield fresh
 
 
 def verl_python(repo_root: Path | None = None) -> str:

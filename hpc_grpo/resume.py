@@ -4,18 +4,22 @@ The frozen spec.yaml is the run: resume never re-reads the recipe, so a recipe e
 a run halfway. Only resources and time limits may change (a bigger allocation, a longer limit); anything
 else would make the rest of the run train something other than its first part, so it needs --force. Where
 training goes on from is decided in the job (hpc_grpo.job.prepare_resume); this module only says what the
-job will find, refuses while a job of the run is alive, and records the request in the history.
+job will find, refuses while a job of the run is alive or when the job could not load its checkpoint (a verl
+FSDP checkpoint at another world size, check_world_size, which the job applies again), and records the request
+in the history.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpc_grpo import checkpoints as ck
 from hpc_grpo import runs
+from hpc_grpo.export import export_dir
 from hpc_grpo.spec import RunSpec
 from hpc_grpo.yamlio import SpecError, parse_scalar
 
@@ -117,13 +121,75 @@ def apply_overrides(spec: RunSpec, items: list[str], force: bool) -> tuple[RunSp
         raise
 
 
+class WorldSizeMismatch(SpecError):
+    """A verl FSDP checkpoint saved at another world size than the job would run at: verl cannot load it."""
+
+    def __init__(self, message: str, checkpoint: Path, saved: int, new: int) -> None:
+        super().__init__(message, key="resources")
+        self.data = {"cause": "world size mismatch", "checkpoint": str(checkpoint),
+                     "checkpoint_world_size": saved, "world_size": new}
+
+
+def _shape_for(world: int, *specs: RunSpec) -> str:
+    """resources overrides giving `world` GPUs: the shape of a spec that had that size, else whole nodes of the
+    last spec's GPUs per node, else one node."""
+    for s in specs:
+        if s.world_size == world:
+            return f"resources.nodes={s.recipe.resources.nodes} resources.gpus_per_node={s.gpus_per_node}"
+    gpn = specs[-1].gpus_per_node
+    if gpn and world % gpn == 0:
+        return f"resources.nodes={world // gpn} resources.gpus_per_node={gpn}"
+    return f"resources.nodes=1 resources.gpus_per_node={world}"
+
+
+def new_run_command(spec: RunSpec, model_dir: Path) -> str:
+    """`hpc-grpo submit` of a new run like this one (recipe, cluster, overrides, resources as now asked) whose
+    model is `model_dir`."""
+    keep: dict[str, str] = {}
+    for item in spec.overrides:
+        key = item.split("=", 1)[0].strip()
+        keep.pop(key, None)  # the last value of a key wins, at its place
+        if key != "model.path":
+            keep[key] = item
+    words = [f"recipe={spec.recipe.name}", f"cluster={spec.cluster.name}", *keep.values(), f"model.path={model_dir}"]
+    return "hpc-grpo submit " + " ".join(shlex.quote(w) for w in words)
+
+
+def check_world_size(spec: RunSpec, ckpt: ck.Checkpoint | None, before: RunSpec | None = None) -> None:
+    """Refuse to resume a verl FSDP checkpoint at another world size than it was saved at (verl 0.9.1 does not
+    reshard: it looks for model_world_size_<new>_rank_R.pt and the job dies at load, after its wait in the queue).
+    Megatron dist checkpoints reshard and trl saves whole weights: no refusal. `before`: the run's spec before
+    this resume's overrides, whose shape the fix offers first. Used by `resume` and again in the job."""
+    if ckpt is None or spec.recipe.engine != "verl":
+        return
+    saved = ck.fsdp_world_size(ckpt)
+    new = spec.world_size
+    if saved is None or saved == new:
+        return
+    res = spec.recipe.resources
+    run = shlex.quote(str(spec.path))
+    exported = export_dir(spec.path, ckpt.step)
+    back = _shape_for(saved, *[s for s in (before, spec) if s is not None])
+    raise WorldSizeMismatch(
+        f"world size {new} (resources.nodes={res.nodes} x resources.gpus_per_node={spec.gpus_per_node}) is refused: "
+        f"the newest complete checkpoint {ckpt.path} is a verl FSDP checkpoint saved at world size {saved} "
+        f"(actor/model_world_size_{saved}_rank_*.pt), and verl loads FSDP shards only at the world size that wrote "
+        f"them (it would look for model_world_size_{new}_rank_*.pt and fail at load, after the queue wait).\n"
+        f"Fix, one of:\n"
+        f"  (a) resume at world size {saved}: hpc-grpo resume {run} {back}\n"
+        f"  (b) export step {ckpt.step} to a Hugging Face folder with verl's merger and start a new run from those "
+        f"weights (optimizer state and step count start anew): hpc-grpo export {run} --step {ckpt.step} "
+        f"(writes {exported}), then {new_run_command(spec, exported)}",
+        ckpt.path, saved, new)
+
+
 def plan_resume(run_dir: Path, items: list[str], force: bool) -> ResumePlan:
     """Everything resume checks before it submits; raises SpecError (exit 2) or runs.RunBusy."""
     from hpc_grpo.resolve import load_frozen
 
-    spec = load_frozen(run_dir / runs.SPEC)
+    frozen = load_frozen(run_dir / runs.SPEC)
     runs.refuse_if_live(run_dir)
-    spec, forced = apply_overrides(spec, items, force)
+    spec, forced = apply_overrides(frozen, items, force)
     ckpts = ck.list_checkpoints(run_dir, spec.recipe.engine)
     best = ck.newest_complete(ckpts)
     newer = [c for c in ckpts if not c.complete and c.step > (best.step if best else -1)]
@@ -134,6 +200,8 @@ def plan_resume(run_dir: Path, items: list[str], force: bool) -> ResumePlan:
             finished = json.loads(done.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             finished = {"final_step": None}
+    if finished is None or force:  # a finished run without --force is not resubmitted: nothing to refuse
+        check_world_size(spec, best, before=frozen)
     return ResumePlan(spec, best, newer, list(items), forced, finished)
 
 

@@ -114,8 +114,7 @@ def base_model_path(spec: RunSpec) -> str:
 
 def evaluate_run(spec: RunSpec, steps: list[int], all_kept: bool, tasks: list[str] | None,
                  limit: int | None) -> list[Path]:
-    from hpc_grpo import checkpoints, export
-    from hpc_grpo.prune import lease  # prune leaves a leased checkpoint (and its export) alone
+    from hpc_grpo import export
 
     settings = evaluate.settings_for(spec, tasks, limit)
     run_dir = spec.path
@@ -126,11 +125,7 @@ def evaluate_run(spec: RunSpec, steps: list[int], all_kept: bool, tasks: list[st
     base_result = base_scores(base, settings, Path(spec.cluster.runs_root_path()), task_dir)
     for ckpt in chosen:
         t0 = time.time()
-        with lease(run_dir, ckpt.step):
-            # Checked again under the lease: prune may have removed it between the listing and now.
-            fresh = {c.step: c for c in checkpoints.list_checkpoints(run_dir, spec.recipe.engine)}.get(ckpt.step)
-            if fresh is None or not fresh.complete:
-                raise EvalError(f"checkpoint step {ckpt.step} went away before it was leased")
+        with export.leased(run_dir, spec.recipe.engine, ckpt.step):  # prune leaves it (and its export) alone
             log(f"exporting step {ckpt.step} ({ckpt.layout}) from {ckpt.path}")
             folder = export.export_checkpoint(run_dir, ckpt.step, ckpt.path, ckpt.layout, base)
             export_s = time.time() - t0

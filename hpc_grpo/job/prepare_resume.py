@@ -9,6 +9,9 @@ engines, before the engine starts: the newest COMPLETE checkpoint is where train
   (find_latest_ckpt_path runs first and int('') raises), so an unreadable or stale tracker is rewritten
   to the chosen step; the old content is kept in the history line.
 - What it did goes into history.jsonl as a "start" event of the job.
+- A verl FSDP checkpoint saved at another world size than the job's is refused before anything moves (verl
+  cannot load it; hpc_grpo.resume.check_world_size, which `hpc-grpo resume` applies first): the job fails at
+  once with a "failed" event in the history that says what to do, instead of dying at load.
 
 All of it happens under runs.checkpoint_lock(run_dir), the lock prune takes too.
 
@@ -25,10 +28,13 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_grpo import checkpoints as ck
 from hpc_grpo import runs
+
+if TYPE_CHECKING:
+    from hpc_grpo.spec import RunSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +70,18 @@ class Prepared:
                 "overrides": self.overrides, "tracker_before": self.tracker_before}
 
 
-def prepare(run_dir: Path, engine: str) -> Prepared:
-    """Choose the checkpoint, quarantine newer broken ones, fix verl's tracker; under the checkpoint lock."""
+def prepare(run_dir: Path, engine: str, spec: RunSpec | None = None) -> Prepared:
+    """Choose the checkpoint, quarantine newer broken ones, fix verl's tracker; under the checkpoint lock.
+    With the job's spec, a checkpoint the job cannot load at its world size raises resume.WorldSizeMismatch
+    before anything changes on disk."""
     run_dir = Path(run_dir)
     with runs.checkpoint_lock(run_dir):
         ckpts = ck.list_checkpoints(run_dir, engine)
         best = ck.newest_complete(ckpts)
+        if spec is not None:
+            from hpc_grpo.resume import check_world_size
+
+            check_world_size(spec, best)
         floor = best.step if best else -1
         moved: list[tuple[str, str, str]] = []
         left: list[tuple[str, str]] = []
@@ -109,12 +121,19 @@ def job_identity() -> tuple[str, str]:
     return (local, "local") if local else (str(os.getpid()), "local")
 
 
-def prepare_and_record(run_dir: Path, engine: str) -> Prepared:
-    """prepare(), its "start" line in the history, and the disk-full reserve (hpc_grpo.job.disk)."""
+def prepare_and_record(run_dir: Path, engine: str, spec: RunSpec | None = None) -> Prepared:
+    """prepare(), its "start" line in the history, and the disk-full reserve (hpc_grpo.job.disk); a refused
+    world size becomes a "failed" line (status shows it as why the job stopped) and is raised again."""
     from hpc_grpo.job import disk
+    from hpc_grpo.resume import WorldSizeMismatch
 
-    prepared = prepare(run_dir, engine)
     job_id, executor = job_identity()
+    try:
+        prepared = prepare(run_dir, engine, spec)
+    except WorldSizeMismatch as exc:
+        runs.append_history(Path(run_dir), job_id, "failed", executor, note=" ".join(str(exc).split()),
+                            data=exc.data)
+        raise
     record(run_dir, prepared, job_id, executor)
     disk.ensure_reserve(run_dir)
     return prepared
@@ -153,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         spec = load_frozen(args.spec)
-        prepared = prepare_and_record(spec.path, spec.recipe.engine)
+        prepared = prepare_and_record(spec.path, spec.recipe.engine, spec)
     except (SpecError, OSError, TimeoutError) as exc:
         print(f"hpc-grpo: resume preparation failed: {exc}", file=sys.stderr, flush=True)
         return 2

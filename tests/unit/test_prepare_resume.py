@@ -139,7 +139,7 @@ def test_launch_script_passes_the_prepared_overrides(tmp_path: Path) -> None:
     composed with the engine's overrides plus those, resumes from the chosen folder."""
     spec = resolve_spec("qwen2.5-3b-gsm8k-lora", "a100-ib", overrides=[f"cluster.runs_root={tmp_path}"], run_name="r")
     write_files(spec.path, render_all(spec))
-    trees.verl_fsdp(spec.path, 7, lora=True)
+    trees.verl_fsdp(spec.path, 7, world=4, lora=True)  # the recipe's 1 node x 4 GPUs: loadable
     torn_shard(spec.path)
     launch = (spec.path / "scripts" / "launch.sh").read_text()
     assert "resume_mode=auto" not in launch and "resume_mode" not in " ".join(VerlEngine().command(spec).argv)
