@@ -280,6 +280,7 @@ def submit(
                                                  "(default: on for cluster=local)")] = None,
 ) -> None:
     """Plan, create the run directory, render, and submit through submitit (Slurm or local)."""
+    from hpc_grpo.evaluate import EVAL_SCRIPT
     from hpc_grpo.plan import run_plan
     from hpc_grpo.render import render_all
 
@@ -300,6 +301,11 @@ def submit(
                   else f"Would run scripts/launch.sh through {executor}")
         out.rule("scripts/sbatch.sh")
         out.out(files["scripts/sbatch.sh"], end="")
+        if EVAL_SCRIPT in files:
+            out.print(f"Would queue {EVAL_SCRIPT} after it, adding #SBATCH --dependency=afterany:<its job id> "
+                      "(the eval job evaluates only if the run is trained)")
+            out.rule(EVAL_SCRIPT)
+            out.out(files[EVAL_SCRIPT], end="")
         return
     from hpc_grpo.submit import submit_run
 
