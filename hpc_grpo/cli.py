@@ -359,10 +359,11 @@ def wait_for(submission: Any) -> int:
 
 
 def print_training_summary(run_dir: Path) -> None:
-    metrics = run_dir / "metrics.jsonl"
-    if not metrics.exists():
+    from hpc_grpo.engines.metrics import METRICS_FILE, file_rows
+
+    rows = file_rows(run_dir / METRICS_FILE)  # trl's rows or verl's file-logger rows, in one vocabulary
+    if not rows:
         return
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     t = Table(title="Training reward per step")
     for col in ("step", "reward", "loss", "kl"):
         t.add_column(col, justify="right")
