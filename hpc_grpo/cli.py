@@ -280,6 +280,7 @@ def submit(
                                                  "(default: on for cluster=local)")] = None,
 ) -> None:
     """Plan, create the run directory, render, and submit through submitit (Slurm or local)."""
+    from hpc_grpo.evaluate import EVAL_SCRIPT
     from hpc_grpo.plan import run_plan
     from hpc_grpo.render import render_all
 
@@ -300,6 +301,11 @@ def submit(
                   else f"Would run scripts/launch.sh through {executor}")
         out.rule("scripts/sbatch.sh")
         out.out(files["scripts/sbatch.sh"], end="")
+        if EVAL_SCRIPT in files:
+            out.print(f"Would queue {EVAL_SCRIPT} after it, adding #SBATCH --dependency=afterany:<its job id> "
+                      "(the eval job evaluates only if the run is trained)")
+            out.rule(EVAL_SCRIPT)
+            out.out(files[EVAL_SCRIPT], end="")
         return
     from hpc_grpo.submit import submit_run
 
@@ -353,10 +359,11 @@ def wait_for(submission: Any) -> int:
 
 
 def print_training_summary(run_dir: Path) -> None:
-    metrics = run_dir / "metrics.jsonl"
-    if not metrics.exists():
+    from hpc_grpo.engines.metrics import METRICS_FILE, file_rows
+
+    rows = file_rows(run_dir / METRICS_FILE)  # trl's rows or verl's file-logger rows, in one vocabulary
+    if not rows:
         return
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     t = Table(title="Training reward per step")
     for col in ("step", "reward", "loss", "kl"):
         t.add_column(col, justify="right")

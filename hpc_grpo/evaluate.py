@@ -27,6 +27,7 @@ from hpc_grpo.spec import Resources, RunSpec
 from hpc_grpo.yamlio import SpecError
 
 EVAL_DIR = "eval"
+EVAL_SCRIPT = "scripts/eval_sbatch.sh"  # the eval job's batch script, beside the training job's scripts/sbatch.sh
 BASE_CACHE_DIR = "_base-evals"
 SOURCE_FILE = "source.json"  # written by `hpc-grpo data gsm8k`: where the raw question/answer files are
 
@@ -57,6 +58,57 @@ def published(model_path: str) -> dict[str, Any] | None:
     return out
 
 
+# ----------------------------------------------------------------------------------------- placement
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Backend and GPUs of the evaluation: the one answer both the Slurm request (eval_spec) and lm-eval
+    (settings_for -> scoring.build_args) read, so the job never asks for GPUs lm-eval leaves idle or the reverse."""
+
+    backend: str  # "hf" | "vllm"
+    gpus: int  # GPUs of the eval job's one node; lm-eval uses every one of them
+    tp: int = 1  # vLLM tensor parallel size
+    dp: int = 1  # vLLM data-parallel replicas: gpus == tp * dp
+
+    @property
+    def device(self) -> str:
+        """Not a setting: it follows the GPUs, so hf can never be sent to cuda on a job without GPUs."""
+        return "cuda" if self.gpus > 0 else "cpu"
+
+
+def eval_resources(spec: RunSpec) -> Placement:
+    """Decide backend and GPUs of a run's evaluation.
+
+    Default: a GPU run (the training job has GPUs) evaluates with vLLM on as many GPUs as one training node has,
+    tensor parallel eval.tp else parallel.rollout_tp (the rollout already fits at that size), data-parallel
+    replicas over the rest; a CPU run uses hf on the CPU. eval.backend and eval.resources.gpus_per_node win when
+    set; settings that cannot all hold are a SpecError naming the key and the fix (plan reports it).
+    """
+    e = spec.recipe.eval
+    train_gpus = spec.gpus_per_node
+    backend = e.backend or ("vllm" if train_gpus > 0 else "hf")
+    asked = e.resources.gpus_per_node
+    if backend == "hf":
+        gpus = min(train_gpus, 1) if asked is None else asked
+        if gpus > 1:
+            raise SpecError(f"eval.resources.gpus_per_node={gpus} with eval.backend=hf: lm-eval's hf backend runs on "
+                            f"one GPU, so {gpus - 1} would sit idle; set eval.resources.gpus_per_node=1 (0: CPU) or "
+                            "eval.backend=vllm to use them all", key="eval.resources.gpus_per_node")
+        return Placement("hf", gpus)
+    gpus = train_gpus if asked is None else asked
+    if gpus < 1:
+        why = "eval.resources.gpus_per_node=0" if asked is not None else "the training job has no GPUs"
+        raise SpecError(f"eval.backend=vllm but the eval job has 0 GPUs ({why}): vLLM runs only on GPUs; set "
+                        "eval.backend=hf to evaluate on the CPU, or eval.resources.gpus_per_node>=1",
+                        key="eval.backend")
+    tp = e.tp or spec.recipe.parallel.rollout_tp
+    if gpus % tp:
+        key = "eval.tp" if e.tp else "parallel.rollout_tp"
+        raise SpecError(f"{key}={tp} does not divide the eval job's {gpus} GPU(s) (vLLM tensor parallel x "
+                        f"data-parallel replicas must use them all): set eval.tp to a divisor of {gpus}, or "
+                        f"eval.resources.gpus_per_node to a multiple of {tp}", key="eval.tp")
+    return Placement("vllm", gpus, tp, gpus // tp)
+
+
 # ------------------------------------------------------------------------------------------ settings
 @dataclass(frozen=True, slots=True)
 class EvalSettings:
@@ -73,9 +125,14 @@ class EvalSettings:
     tp: int = 1
     gpus: int = 0
     gpu_memory_utilization: float = 0.85
+    dp: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.backend, self.gpus, self.tp, self.dp)
 
     def cache_key(self, model_path: str) -> str:
         """Same model, same settings, same data files (by size and mtime) -> the same cached base scores."""
@@ -132,13 +189,12 @@ def needs_gsm8k(tasks: list[str] | tuple[str, ...]) -> bool:
 
 
 def settings_for(spec: RunSpec, tasks: list[str] | None = None, limit: int | None = None) -> EvalSettings:
+    """What the eval job runs; backend and GPUs from eval_resources, the answer eval_spec asks Slurm for."""
     e = spec.recipe.eval
     train, test = data_files(spec) if needs_gsm8k(tasks or e.tasks) else ("", "")
-    gpus = e.resources.gpus_per_node if e.resources.gpus_per_node is not None else spec.cluster.gpus_per_node
-    if spec.cluster.scheduler == "local":
-        gpus = 0 if e.backend == "hf" else gpus
-    return EvalSettings(tuple(tasks or e.tasks), limit if limit is not None else e.limit, e.num_fewshot, e.backend,
-                        e.batch_size, e.max_gen_toks, train, test, e.tp, gpus, e.gpu_memory_utilization)
+    p = eval_resources(spec)
+    return EvalSettings(tuple(tasks or e.tasks), limit if limit is not None else e.limit, e.num_fewshot, p.backend,
+                        e.batch_size, e.max_gen_toks, train, test, p.tp, p.gpus, e.gpu_memory_utilization, p.dp)
 
 
 def check_tasks(tasks: list[str]) -> list[str]:
@@ -227,13 +283,17 @@ def job_argv(run_dir: Path, steps: list[int] | None = None, all_kept: bool = Fal
     return argv
 
 
+def queued_after_training(spec: RunSpec) -> bool:
+    """Whether `submit` queues the eval job on Slurm after the training job (so render writes its script): not on
+    cluster=local (the training job evaluates itself) nor in chained mode, whose first job is not the last."""
+    return spec.recipe.eval.enabled and spec.cluster.scheduler == "slurm" and spec.cluster.restart != "chain"
+
+
 def eval_spec(spec: RunSpec) -> RunSpec:
-    """The run's spec with the eval job's own resources: the batch script is rendered from the same template."""
+    """The run's spec with the eval job's own resources (GPUs: eval_resources): the batch script is rendered from
+    the same template."""
     e = spec.recipe.eval.resources
-    gpus = e.gpus_per_node
-    if gpus is None:
-        gpus = spec.cluster.gpus_per_node if spec.recipe.eval.backend == "vllm" else 0
-    res = Resources(nodes=1, gpus_per_node=gpus, time=e.time, cpus_per_task=e.cpus_per_task, mem_gb=e.mem_gb,
+    res = Resources(nodes=1, gpus_per_node=eval_resources(spec).gpus, time=e.time, cpus_per_task=e.cpus_per_task, mem_gb=e.mem_gb,
                     partition=e.partition or spec.recipe.resources.partition,
                     account=e.account or spec.recipe.resources.account, qos=e.qos or spec.recipe.resources.qos)
     recipe = spec.recipe.model_copy(update={"resources": res})
@@ -279,9 +339,14 @@ def submit_eval(spec: RunSpec, argv: list[str], after: str | None = None) -> Any
         # clean_env drops every SLURM_* variable, SLURM_CONF too: without it sbatch would not find this cluster.
         if conf:
             os.environ["SLURM_CONF"] = conf
-        executor = TemplateSlurmExecutor(espec, extra_sbatch=[("dependency", dependency(after))] if after else None)
+        executor = TemplateSlurmExecutor(spec, extra_sbatch=[("dependency", dependency(after))] if after else None,
+                                         eval_job=True)
         executor.update_parameters(**slurm_parameters(espec))
         job = executor.submit(EvalJob(argv))
+    if executor.last_script:  # what Slurm received: the rendered script plus the dependency
+        script = Path(spec.path) / EVAL_SCRIPT
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text(executor.last_script)
     runs.append_history(spec.path, job.job_id, "eval", "slurm", note=dependency(after) if after else "")
     log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
     return Submission(spec.path, job.job_id, "slurm", str(log), job)

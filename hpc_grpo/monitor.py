@@ -1,7 +1,7 @@
 """Live monitoring of a run: progress, the latest training numbers, health hints, GPU use per node, logs.
 
-The numbers come from the engine's own output (hpc_grpo.engines.metrics: trl's metrics.jsonl; verl's console
-metric lines in the driver's log). Health hints restate field report 004's "what healthy training looks like"
+The numbers come from the engine's own output through hpc_grpo.engines.metrics (metrics.jsonl: trl's rows or
+verl's file-logger rows; else verl's console metric lines in the driver's log). Health hints restate field report 004's "what healthy training looks like"
 (reward rising ~0.55 -> ~0.90; KL rising but bounded, ~0.0027; grad norm smooth, ~0.005; responses not at the
 length limit) and report 000's symptom list (GPU use under 50%), so a user sees the problem while the job runs.
 """
@@ -57,19 +57,11 @@ def newest_job(run_dir: Path) -> str | None:
 
 # ---------------------------------------------------------------------------------------------------- metrics
 def read_rows(spec: RunSpec) -> tuple[list[dict[str, Any]], int | None, str]:
-    """(rows, total steps the engine printed or None, where the rows came from)."""
-    if spec.recipe.engine == "trl":
-        path = spec.path / "metrics.jsonl"
-        return engine_metrics.trl_rows(path), None, str(path)
-    rows: dict[int, dict[str, Any]] = {}
-    total = None
-    for job_id in runs.job_ids(spec.path):  # every allocation's driver log, oldest first: later steps win
-        log = log_path(spec, job_id)
-        if log.is_file():
-            found, t = engine_metrics.verl_rows(log.read_text(errors="replace"))
-            rows.update({r["step"]: r for r in found})
-            total = t or total
-    return [rows[k] for k in sorted(rows)], total, "verl console metric lines (step:N - key:value) in the driver logs"
+    """(rows, total steps the engine printed or None, where the rows came from): hpc_grpo.engines.metrics reads
+    metrics.jsonl, else (verl) every allocation's driver log, oldest first."""
+    logs = [log_path(spec, j) for j in runs.job_ids(spec.path)] if spec.recipe.engine == "verl" else []
+    got = engine_metrics.run_metrics(spec.path, logs)
+    return got.rows, got.total, got.source or str(spec.path / engine_metrics.METRICS_FILE)
 
 
 def data_rows(path: Path) -> int | None:

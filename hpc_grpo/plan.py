@@ -417,13 +417,17 @@ def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
     e = spec.recipe.eval
     if not e.enabled:
         return []
-    from hpc_grpo.evaluate import data_files, eval_spec, needs_gsm8k
+    from hpc_grpo.evaluate import data_files, eval_resources, needs_gsm8k
 
     out: list[Finding] = []
-    gpus = eval_spec(spec).gpus_per_node
-    if e.backend == "vllm" and gpus < e.tp:
-        out.append(error("eval.tp", f"eval.backend=vllm with tensor parallel {e.tp} but the eval job has {gpus} GPU(s)",
-                         f"set eval.resources.gpus_per_node={e.tp} (one node), lower eval.tp, or use eval.backend=hf"))
+    try:
+        gpus = eval_resources(spec).gpus
+        if e.resources.gpus_per_node is not None and gpus > spec.cluster.gpus_per_node:  # else: the training's
+            out.append(error("eval.resources.gpus_per_node", f"the eval job asks for {gpus} GPUs on one node; "
+                             f"cluster {spec.cluster.name} nodes have {spec.cluster.gpus_per_node}",
+                             f"set eval.resources.gpus_per_node<={spec.cluster.gpus_per_node}"))
+    except SpecError as exc:  # the message names the key, the value and the fix
+        out.append(error(exc.key, str(exc)))
     if e.resources.time_min > spec.cluster.time_max_min:
         out.append(error("eval.resources.time", f"{e.resources.time} is over the cluster's limit {spec.cluster.time_max}",
                          "lower eval.resources.time or eval.limit"))

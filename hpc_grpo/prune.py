@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo import checkpoints as ck
+from hpc_grpo.engines.metrics import METRICS_FILE, read_raw  # the one reader of metrics.jsonl (both engines)
 from hpc_grpo.runs import checkpoint_lock
 
 LEASE_DIR = "leases"
 EXPORT_DIR = "exports"  # RUN_DIR/exports/step_N/ (written by evaluation's export)
 EVAL_DIR = "eval"  # RUN_DIR/eval/step_N.json (evaluation's scores; numeric leaves become metrics eval/<path>)
-METRICS_FILE = "metrics.jsonl"  # one line per step; verl's file logger lines ({"step", "data"}) are read too
 LEASE_MAX_AGE_S = 2 * 86400
 WORKERS = 8  # threads for listing and removal (tools/bench_prune.py measures 1 against 8)  # a lease from another host whose holder cannot be asked is trusted this long
 
@@ -275,18 +275,8 @@ def logged_metrics(run_dir: Path, engine: str) -> dict[int, dict[str, float]]:
             _flatten("", row, flat)
             out.setdefault(step, {}).update(flat)
 
-    try:
-        with (run_dir / METRICS_FILE).open(encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(row, dict):
-                    data = row.get("data") if isinstance(row.get("data"), dict) else row
-                    put(row.get("step"), {k: v for k, v in data.items() if k != "step"})
-    except OSError:
-        pass
+    for step, raw in read_raw(run_dir / METRICS_FILE).items():
+        put(step, raw)
     if engine == "trl":
         for _, path in reversed(candidates(run_dir, engine)):
             try:

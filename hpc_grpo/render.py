@@ -14,7 +14,7 @@ from typing import Any
 
 import jinja2
 
-from hpc_grpo import __version__, registry
+from hpc_grpo import __version__, evaluate, registry
 from hpc_grpo.engines import get_engine
 from hpc_grpo.spec import RunSpec
 from hpc_grpo.yamlio import SpecError, dump_yaml
@@ -221,13 +221,25 @@ def frozen_spec_text(spec: RunSpec) -> str:
     return header + dump_yaml(spec.model_dump(mode="json"))
 
 
+def render_eval_sbatch(spec: RunSpec, command: str | None = None, extra: list[tuple[str, Any]] | None = None) -> str:
+    """The eval job's batch script (`spec`: the run's): the same template with the eval job's resources. Its
+    dependency on the training job (`extra`) is known only at submit, which then saves the text Slurm received."""
+    command = command or submitit_command(submitit_dir(spec), spec.python)
+    tmpl = environment().get_template("sbatch.sh.j2")
+    # The header's run and re-create command are the run's; the #SBATCH lines are the eval job's.
+    return tmpl.render(**common_context(spec), **sbatch_context(evaluate.eval_spec(spec), command, extra))
+
+
 def render_all(spec: RunSpec) -> dict[str, str]:
     """Every file a run is made from, by path relative to the run directory."""
-    return {
+    files = {
         "spec.yaml": frozen_spec_text(spec),
         "scripts/sbatch.sh": render_sbatch(spec),
         "scripts/launch.sh": render_launch(spec),
     }
+    if evaluate.queued_after_training(spec):
+        files[evaluate.EVAL_SCRIPT] = render_eval_sbatch(spec)
+    return files
 
 
 def write_files(root: Path, files: dict[str, str]) -> list[Path]:

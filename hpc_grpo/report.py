@@ -1,30 +1,21 @@
 """`hpc-grpo report RUN`: training curves and GSM8K accuracy per step, as one PNG and a short text summary.
 
-Training metrics come from the engine's own logs: trl's RUN/metrics.jsonl (one line per step, written by the trl
-job), or verl's console logger lines (`step:N - key:value - ...`) in the job's submitit logs. Evaluation points
-come from RUN/eval/step_N.json. matplotlib (extra `report`) is imported only when drawing.
+Training metrics come from the engine's own logs, read by hpc_grpo.engines.metrics: RUN/metrics.jsonl (trl's rows,
+or verl's file-logger rows), else verl's console logger lines (`step:N - key:value - ...`) in the job's submitit
+logs. Evaluation points come from RUN/eval/step_N.json. matplotlib (extra `report`) is imported only when drawing.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpc_grpo import evaluate
+from hpc_grpo.engines import metrics as engine_metrics
 
-# Our curve name -> the keys engines log it under (first found wins).
-CURVES: dict[str, tuple[str, ...]] = {
-    "reward": ("reward", "critic/score/mean", "critic/rewards/mean"),
-    "kl": ("kl", "actor/kl_loss", "actor/ppo_kl"),
-    "response length": ("completion_length", "response_length/mean"),
-    "entropy": ("entropy", "actor/entropy"),
-}
-_VERL_LINE = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
-_VERL_PAIR = re.compile(r"([\w/@.\-]+):(-?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))")
+# Our curve name -> the name hpc_grpo.engines.metrics reads it under (from either engine's keys).
+CURVES: dict[str, str] = {"reward": "reward", "kl": "kl", "response length": "response_length", "entropy": "entropy"}
 
 
 @dataclass
@@ -62,50 +53,14 @@ def score_keys(s: dict[str, Any]) -> list[tuple[str, str]]:
     return [(k, label) for k, label in GSM8K_KEYS if k in s] or [(k, k) for k in s if k.startswith("pass@")]
 
 
-def parse_verl_log(text: str) -> list[dict[str, float]]:
-    """verl's console logger: one `step:N - key:value - key:value` line per step."""
-    rows: dict[int, dict[str, float]] = {}
-    for line in text.splitlines():
-        m = _VERL_LINE.search(line)
-        if not m:
-            continue
-        row = rows.setdefault(int(m.group(1)), {"step": float(m.group(1))})
-        for key, value in _VERL_PAIR.findall(m.group(2)):
-            row[key] = float(value)
-    return [rows[k] for k in sorted(rows)]
-
-
-def training_rows(run_dir: Path) -> tuple[list[dict[str, Any]], str]:
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file():
-        rows = []
-        for line in metrics.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-        return rows, str(metrics)
-    rows = []
-    logs = sorted((run_dir / "submitit").glob("*_0_log.out")) if (run_dir / "submitit").is_dir() else []
-    for log in logs:
-        rows += parse_verl_log(log.read_text(errors="replace"))
-    return rows, ", ".join(map(str, logs)) if rows else ""
-
-
 def build(run_dir: Path) -> Report:
-    rows, source = training_rows(run_dir)
-    rep = Report(run_dir.name, source=source, evals=evaluate.load_results(run_dir))
-    by_step: dict[int, dict[str, Any]] = {}
-    for row in rows:
-        if isinstance(row.get("step"), (int, float)):
-            by_step[int(row["step"])] = row  # a step logged twice (requeue): the later line wins
-    for name, keys in CURVES.items():
-        pts = []
-        for step in sorted(by_step):
-            value = next((by_step[step][k] for k in keys if isinstance(by_step[step].get(k), (int, float))), None)
-            if value is not None and math.isfinite(value):
-                pts.append((step, float(value)))
-        rep.steps[name] = pts
+    """Curves from the run's metrics (hpc_grpo.engines.metrics: metrics.jsonl, else verl's console lines in the
+    driver logs of RUN/submitit) and the evaluation points."""
+    logs = sorted((run_dir / "submitit").glob("*_0_log.out")) if (run_dir / "submitit").is_dir() else []
+    got = engine_metrics.run_metrics(run_dir, logs)
+    rep = Report(run_dir.name, source=got.source, evals=evaluate.load_results(run_dir))
+    for curve, name in CURVES.items():
+        rep.steps[curve] = [(r["step"], float(r[name])) for r in got.rows if isinstance(r.get(name), (int, float))]
     return rep
 
 

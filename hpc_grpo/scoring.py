@@ -3,8 +3,9 @@
 lm-eval's gsm8k / gsm8k_cot YAMLs are not copied: a local task file `include:`s the installed one and only
 swaps the Hub dataset for local jsonl files (question/answer rows, as in openai/grade-school-math). So prompts,
 few-shot examples, stop sequences and the strict-match / flexible-extract filters are exactly what papers use.
-Backends: `hf` (CPU or one GPU) and `vllm` (GPU nodes, tensor parallel from the eval resources) behind one
-`run_lm_eval` call. Light at import: lm_eval is imported inside the functions that run it.
+Backends: `hf` (CPU or one GPU) and `vllm` (GPU nodes: tensor parallel x data-parallel replicas over the eval
+node's GPUs) behind one `run_lm_eval` call; evaluate.eval_resources decides which, with how many GPUs.
+Light at import: lm_eval is imported inside the functions that run it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.evaluate import Placement
 from hpc_grpo.rewards import gsm8k_reward
 
 # Our task name -> the installed lm-eval YAML it includes, and the name results are reported under.
@@ -94,31 +96,24 @@ class LmEvalArgs:
         return argv
 
 
-def build_args(model_dir: str | Path, tasks: list[str], backend: str, *, limit: int | None, num_fewshot: int | None,
-               batch_size: int, max_gen_toks: int | None, tp: int = 1, gpus: int = 0,
+def build_args(model_dir: str | Path, tasks: list[str], placement: Placement, *, limit: int | None,
+               num_fewshot: int | None, batch_size: int, max_gen_toks: int | None,
                gpu_memory_utilization: float = 0.85, dtype: str = "auto") -> LmEvalArgs:
-    """lm-eval's model and run arguments for a backend.
+    """lm-eval's model and run arguments for a placement (evaluate.eval_resources decided and checked it).
 
-    hf: `pretrained=DIR`, CPU unless a GPU is visible. vllm: tensor_parallel_size from the eval resources,
-    which must offer that many GPUs on its one node (vLLM's TP does not cross nodes here).
+    hf: `pretrained=DIR` on the placement's device. vllm: tensor_parallel_size x data_parallel_size = the eval
+    node's GPUs (vLLM's TP does not cross nodes here); lm-eval's vllm backend ignores `device`, so none is passed.
     """
     names = [LOCAL_PREFIX + t for t in tasks]
     gen = {"max_gen_toks": max_gen_toks} if max_gen_toks else {}
-    if backend == "hf":
-        device = "cuda" if gpus > 0 else "cpu"
-        margs: dict[str, Any] = {"pretrained": str(model_dir), "dtype": dtype if gpus else "float32"}
-        return LmEvalArgs("hf", margs, names, num_fewshot, limit, batch_size, device, gen)
-    if backend == "vllm":
-        if gpus < 1:
-            raise ValueError("eval.backend=vllm needs GPUs: set eval.resources.gpus_per_node >= eval.tp, "
-                             "or use eval.backend=hf on CPU")
-        if tp > gpus:
-            raise ValueError(f"eval.tp={tp} is more than the {gpus} GPU(s) of the eval node: "
-                             f"set eval.tp <= {gpus} or eval.resources.gpus_per_node >= {tp}")
-        margs = {"pretrained": str(model_dir), "tensor_parallel_size": tp, "dtype": dtype,
-                 "gpu_memory_utilization": gpu_memory_utilization, "data_parallel_size": 1}
+    if placement.backend == "hf":
+        margs: dict[str, Any] = {"pretrained": str(model_dir), "dtype": dtype if placement.gpus else "float32"}
+        return LmEvalArgs("hf", margs, names, num_fewshot, limit, batch_size, placement.device, gen)
+    if placement.backend == "vllm":
+        margs = {"pretrained": str(model_dir), "tensor_parallel_size": placement.tp, "dtype": dtype,
+                 "gpu_memory_utilization": gpu_memory_utilization, "data_parallel_size": placement.dp}
         return LmEvalArgs("vllm", margs, names, num_fewshot, limit, "auto", None, gen)
-    raise ValueError(f"unknown eval.backend {backend!r}: use hf or vllm")
+    raise ValueError(f"unknown eval.backend {placement.backend!r}: use hf or vllm")
 
 
 def offline_env() -> dict[str, str]:

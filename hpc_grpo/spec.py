@@ -323,7 +323,8 @@ class EvalResources(Strict):
     _words = field_validator("partition", "account", "qos")(classmethod(lambda cls, v: slurm_word(v)))
 
     nodes: Literal[1] = 1
-    gpus_per_node: int | None = Field(default=None, ge=0, description="default: the cluster's")
+    gpus_per_node: int | None = Field(default=None, ge=0, description="None: the training job's GPUs per node "
+                                      "for vllm, one for hf on a GPU run, none on a CPU run")
     time: str = "01:00:00"
     cpus_per_task: int | None = Field(default=None, gt=0)
     mem_gb: int | None = Field(default=None, gt=0)
@@ -353,13 +354,15 @@ class Eval(Strict):
     tasks: list[Literal["gsm8k", "gsm8k_cot", "humaneval"]] = Field(default_factory=lambda: ["gsm8k"], min_length=1)
     limit: int | None = Field(default=None, gt=0, description="first K test problems (None: all 1319)")
     num_fewshot: int | None = Field(default=None, ge=0, description="None: the task's own (gsm8k 5, gsm8k_cot 8)")
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal["hf", "vllm"] | None = Field(default=None, description="None: vllm when training uses GPUs, "
+                                                  "hf on the CPU otherwise (evaluate.eval_resources)")
     batch_size: int = Field(default=8, gt=0)
     max_gen_toks: int | None = Field(default=None, gt=0, description="None: the task's own (256)")
     test_file: str | None = Field(default=None, description="GSM8K test jsonl (question/answer); default: "
                                   "test.jsonl beside data.val_files' raw source, see evaluate.data_files")
     train_file: str | None = Field(default=None, description="GSM8K train jsonl for the few-shot examples")
-    tp: int = Field(default=1, gt=0, description="vLLM tensor parallel size (at most the eval GPUs)")
+    tp: int | None = Field(default=None, gt=0, description="vLLM tensor parallel size, dividing the eval GPUs "
+                           "(None: parallel.rollout_tp); the other GPUs hold data-parallel replicas")
     gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
     resources: EvalResources = Field(default_factory=EvalResources)
 

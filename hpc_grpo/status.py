@@ -5,13 +5,13 @@ Everything comes from the run directory and Slurm, so it works from any login no
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpc_grpo import checkpoints as ck
 from hpc_grpo import registry, render, runs, trained
+from hpc_grpo.engines import metrics as engine_metrics
 from hpc_grpo.resolve import load_frozen, load_raw
 from hpc_grpo.spec import Cluster, RunSpec
 from hpc_grpo.yamlio import SpecError
@@ -103,16 +103,9 @@ def checkpoints(spec: RunSpec) -> list[ck.Checkpoint]:
 
 
 def last_step(spec: RunSpec) -> int | None:
-    """The last step the engine logged (trl: metrics.jsonl) or saved (verl: its tracker file)."""
-    metrics = spec.path / "metrics.jsonl"
-    if metrics.is_file():
-        lines = [ln for ln in metrics.read_text().splitlines() if ln.strip()]
-        if lines:
-            try:
-                return int(json.loads(lines[-1]).get("step"))
-            except (ValueError, TypeError):
-                pass
-    return ck.tracker_step(spec.path)
+    """The last step the engine logged (metrics.jsonl, either engine's layout) or saved (verl: its tracker file)."""
+    steps = engine_metrics.read_raw(spec.path / engine_metrics.METRICS_FILE)
+    return max(steps) if steps else ck.tracker_step(spec.path)
 
 
 def run_status(run_dir: Path) -> RunStatus:

@@ -215,15 +215,18 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
     limit is 10 minutes or less.
     """
 
-    def __init__(self, spec: RunSpec, extra_sbatch: list[tuple[str, Any]] | None = None) -> None:
+    def __init__(self, spec: RunSpec, extra_sbatch: list[tuple[str, Any]] | None = None,
+                 eval_job: bool = False) -> None:
         # python: the frozen interpreter, so the srun line runs the same one as every other in-job step.
         super().__init__(folder=render.submitit_dir(spec), max_num_timeout=1_000_000, python=shlex.quote(spec.python))
         self.spec = spec
         self.extra_sbatch = list(extra_sbatch or [])
+        self.eval_job = eval_job  # the run's eval job: scripts/eval_sbatch.sh's text (render.render_eval_sbatch)
         self.last_script = ""
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        self.last_script = render.render_sbatch(self.spec, command, extra=self.extra_sbatch)
+        make = render.render_eval_sbatch if self.eval_job else render.render_sbatch
+        self.last_script = make(self.spec, command, extra=self.extra_sbatch)
         return self.last_script
 
 
@@ -294,11 +297,11 @@ def _submit_slurm(spec: RunSpec, purpose: str, note: str = "", data: dict[str, A
     runs.append_history(spec.path, job.job_id, purpose, "slurm", note=note, data=data)
     log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
     eval_job = None
-    if spec.recipe.eval.enabled and spec.cluster.restart != "chain":
+    from hpc_grpo.evaluate import job_argv, queued_after_training, submit_eval
+
+    if queued_after_training(spec):
         # Chained mode: this first job ends by its time limit and the run goes on in follow-ons with new job ids, so
         # an evaluation after this job would only find the run untrained; `hpc-grpo eval RUN` evaluates the finished run.
-        from hpc_grpo.evaluate import job_argv, submit_eval
-
         eval_job = submit_eval(spec, job_argv(spec.path, after=job.job_id), after=job.job_id)
     return Submission(spec.path, job.job_id, "slurm", str(log), job, eval_job)
 

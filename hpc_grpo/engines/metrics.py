@@ -1,9 +1,12 @@
-"""Where each engine reports its per-step numbers, in one vocabulary for `status`.
+"""The one reader of per-step training metrics, for both engines, in one vocabulary (status, monitor, report, prune).
 
-trl: the job's callback writes metrics.jsonl (job/trl_job.py), one JSON object per step. verl has no such file: its
-console logger prints one line per step to the driver's log, `step:12 - actor/kl_loss:0.001 - critic/score/mean:0.55
-- ...` (keys `name:value` joined by " - "), which is what is parsed here. Only lines that start a metric record
-(`step:N - `) are read, so any other output of the driver is ignored.
+RUN/metrics.jsonl holds one JSON object per line in either layout:
+  trl: flat rows the job's callback writes (job/trl_job.py): `{"step": 3, "reward": 0.4, "kl": 0.001, ...}`;
+  verl: the rows of verl's file logger (verl.utils.tracking.FileLogger, to VERL_FILE_LOGGER_PATH =
+        RUN/verl_metrics.jsonl), which the prune poller copies over: `{"step": 3, "data": {"critic/score/mean": ...}}`.
+verl's console logger also prints one line per step to the driver's log, `step:12 - actor/kl_loss:0.001 - ...`
+(keys `name:value` joined by " - "): read when metrics.jsonl has nothing (a run without the file logger). Only
+lines that start a metric record (`step:N - `) are read, so any other output of the driver is ignored.
 """
 
 from __future__ import annotations
@@ -11,24 +14,22 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# status's names -> the keys each engine logs (first one present wins)
-TRL_KEYS: dict[str, tuple[str, ...]] = {
-    "reward": ("reward",),
-    "kl": ("kl",),
-    "grad_norm": ("grad_norm",),
-    "response_length": ("completion_length",),
-    "step_time": ("step_time",),
-}
-VERL_KEYS: dict[str, tuple[str, ...]] = {
-    "reward": ("critic/score/mean", "critic/rewards/mean"),
-    "kl": ("actor/kl_loss", "actor/ppo_kl"),
-    "grad_norm": ("actor/grad_norm",),
-    "response_length": ("response_length/mean",),
+METRICS_FILE = "metrics.jsonl"
+
+# our names -> the keys engines log them under (first one present wins): trl's flat keys, then verl's
+KEYS: dict[str, tuple[str, ...]] = {
+    "reward": ("reward", "critic/score/mean", "critic/rewards/mean"),
+    "kl": ("kl", "actor/kl_loss", "actor/ppo_kl"),
+    "grad_norm": ("grad_norm", "actor/grad_norm"),
+    "response_length": ("completion_length", "response_length/mean"),
     "response_clip_ratio": ("response_length/clip_ratio",),
-    "step_time": ("timing_s/step",),
+    "step_time": ("step_time", "timing_s/step"),
+    "entropy": ("entropy", "actor/entropy"),
+    "loss": ("loss", "actor/pg_loss"),
 }
 _VERL_LINE = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
 _VERL_TOTAL = re.compile(r"Total training steps:\s*(\d+)")
@@ -42,9 +43,9 @@ def _num(value: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _pick(raw: dict[str, Any], keys: dict[str, tuple[str, ...]]) -> dict[str, float | None]:
+def _pick(raw: dict[str, Any]) -> dict[str, float | None]:
     row: dict[str, float | None] = {}
-    for name, candidates in keys.items():
+    for name, candidates in KEYS.items():
         for key in candidates:
             if key in raw:
                 row[name] = _num(raw[key])
@@ -52,8 +53,51 @@ def _pick(raw: dict[str, Any], keys: dict[str, tuple[str, ...]]) -> dict[str, fl
     return row
 
 
+# ------------------------------------------------------------------------------------------- metrics.jsonl
+def parse_record(line: str | bytes) -> tuple[int, dict[str, Any]] | None:
+    """One metrics.jsonl line -> (step, its metrics by the engine's own keys); None for a line being written or
+    anything else. verl's rows keep their metrics under "data"; trl's are flat."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    step = obj.get("step")
+    if isinstance(step, float) and step.is_integer():
+        step = int(step)
+    if not isinstance(step, int) or isinstance(step, bool):
+        return None
+    data = obj.get("data")
+    raw = dict(data) if isinstance(data, dict) else {k: v for k, v in obj.items() if k != "step"}
+    if "time" in obj and "time" not in raw:
+        raw["time"] = obj["time"]
+    return step, raw
+
+
+def read_raw(path: Path) -> dict[int, dict[str, Any]]:
+    """step -> metrics by the engine's own keys (prune's keep_best names them so). A step logged again (a restart
+    of verl, a line copied twice) is merged, the later value winning."""
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        rec = parse_record(line) if line.strip() else None
+        if rec is not None:
+            out.setdefault(rec[0], {}).update(rec[1])
+    return {k: out[k] for k in sorted(out)}
+
+
+def file_rows(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl (either layout) as rows in our names, plus `time` (wall clock of the step's log), by step."""
+    return [{"step": step, "time": _num(raw.get("time")), **_pick(raw)} for step, raw in read_raw(path).items()]
+
+
+# -------------------------------------------------------------------------------------- verl console lines
 def parse_verl_line(line: str) -> dict[str, Any] | None:
-    """One verl console metric line -> {"step": N, status name: value}; None for any other line."""
+    """One verl console metric line -> {"step": N, our name: value}; None for any other line."""
     m = _VERL_LINE.search(line.rstrip())
     if not m:
         return None
@@ -62,7 +106,7 @@ def parse_verl_line(line: str) -> dict[str, Any] | None:
         key, sep, value = item.rpartition(":")
         if sep and key.strip():
             raw[key.strip()] = value.strip()
-    return {"step": int(m.group(1)), **_pick(raw, VERL_KEYS)}
+    return {"step": int(m.group(1)), **_pick(raw)}
 
 
 def verl_rows(log_text: str) -> tuple[list[dict[str, Any]], int | None]:
@@ -78,16 +122,31 @@ def verl_rows(log_text: str) -> tuple[list[dict[str, Any]], int | None]:
     return [rows[k] for k in sorted(rows)], total
 
 
-def trl_rows(path: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl rows in status's names, plus `time` (wall clock of the step's log)."""
-    out: list[dict[str, Any]] = []
-    if not path.is_file():
-        return out
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+# ------------------------------------------------------------------------------------------------ one run
+@dataclass
+class RunMetrics:
+    """A run's rows (our names, by step), the total steps verl printed (or None), and where the rows came from."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    total: int | None = None
+    source: str = ""
+
+
+def run_metrics(run_dir: Path, driver_logs: list[Path] | None = None) -> RunMetrics:
+    """RUN/metrics.jsonl when it has rows (trl's, or verl's file logger copied by the prune poller), else verl's
+    console lines in the driver logs (oldest first: later allocations win). The logs also give verl's total."""
+    rows: dict[int, dict[str, Any]] = {}
+    total = None
+    for log in driver_logs or []:
         try:
-            raw = json.loads(line)
-            step = int(raw["step"])
-        except (ValueError, KeyError, TypeError):
-            continue  # a line being written
-        out.append({"step": step, "time": _num(raw.get("time")), **_pick(raw, TRL_KEYS)})
-    return out
+            found, t = verl_rows(log.read_text(errors="replace"))
+        except OSError:
+            continue
+        rows.update({r["step"]: r for r in found})
+        total = t or total
+    path = Path(run_dir) / METRICS_FILE
+    logged = file_rows(path)
+    if logged:
+        return RunMetrics(logged, total, str(path))
+    source = "verl console metric lines (step:N - key:value) in the driver logs" if rows else ""
+    return RunMetrics([rows[k] for k in sorted(rows)], total, source)

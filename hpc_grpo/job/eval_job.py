@@ -47,9 +47,9 @@ def score_model(model_dir: str | Path, settings: EvalSettings, task_dir: Path) -
                               "settings": settings.as_dict()}
     if lm_tasks:
         scoring.write_task_dir(task_dir, lm_tasks, Path(settings.train_file), Path(settings.test_file))
-        args = scoring.build_args(model_dir, lm_tasks, settings.backend, limit=settings.limit,
+        args = scoring.build_args(model_dir, lm_tasks, settings.placement, limit=settings.limit,
                                   num_fewshot=settings.num_fewshot, batch_size=settings.batch_size,
-                                  max_gen_toks=settings.max_gen_toks, tp=settings.tp, gpus=settings.gpus,
+                                  max_gen_toks=settings.max_gen_toks,
                                   gpu_memory_utilization=settings.gpu_memory_utilization)
         log(f"lm-eval: {' '.join(args.cli(task_dir))}")
         raw = scoring.run_lm_eval(args, task_dir)

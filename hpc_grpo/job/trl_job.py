@@ -28,12 +28,12 @@ from typing import Any
 from hpc_grpo import checkpoints as ck
 from hpc_grpo import runs
 from hpc_grpo.checkpoints import Checkpoint
+from hpc_grpo.engines.metrics import METRICS_FILE, parse_record
 from hpc_grpo.engines.trl import checkpoint_dir, grpo_config_kwargs, lora_config_kwargs
 from hpc_grpo.job import disk, prepare_resume, save_signal
 from hpc_grpo.prune import job_prune
 from hpc_grpo.spec import RunSpec
 
-METRICS_FILE = "metrics.jsonl"
 DONE_FILE = runs.DONE_FILE
 LENGTHS_FILE = "prompt_lengths.json"
 INCOMPLETE_DIR = ck.QUARANTINE_DIR
@@ -98,12 +98,8 @@ def trim_metrics(path: Path, resume_step: int) -> int:
     kept: list[str] = []
     dropped = 0
     for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            step = json.loads(line)["step"]
-        except (ValueError, KeyError, TypeError):
-            dropped += 1
-            continue
-        if isinstance(step, int) and step <= resume_step:
+        rec = parse_record(line)
+        if rec is not None and rec[0] <= resume_step:
             kept.append(line)
         else:
             dropped += 1

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from hpc_grpo import scoring
+from hpc_grpo.evaluate import Placement
 from hpc_grpo.rewards import gsm8k_reward
 
 FILLER = " and that is all there is to say about it." * 10  # 430 characters without a digit
@@ -92,26 +93,28 @@ def test_missing_data_file_names_the_key(tmp_path: Path) -> None:
 
 
 def test_hf_args_on_cpu() -> None:
-    a = scoring.build_args("/m", ["gsm8k"], "hf", limit=5, num_fewshot=0, batch_size=4, max_gen_toks=32)
+    a = scoring.build_args("/m", ["gsm8k"], Placement("hf", 0), limit=5, num_fewshot=0, batch_size=4, max_gen_toks=32)
     assert (a.model, a.device, a.limit, a.num_fewshot) == ("hf", "cpu", 5, 0)
     assert a.model_args["pretrained"] == "/m" and a.tasks == ["hpc_grpo_gsm8k"]
     cli = a.cli(Path("/tasks"))
     assert cli[:3] == ["lm_eval", "--model", "hf"] and "--include_path" in cli and "/tasks" in cli
+    a = scoring.build_args("/m", ["gsm8k"], Placement("hf", 1), limit=5, num_fewshot=0, batch_size=4, max_gen_toks=32)
+    assert a.device == "cuda" and a.model_args["dtype"] == "auto"
 
 
-def test_vllm_args_tensor_parallel_from_eval_resources() -> None:
-    a = scoring.build_args("/m", ["gsm8k", "gsm8k_cot"], "vllm", limit=None, num_fewshot=None, batch_size=8,
-                           max_gen_toks=None, tp=4, gpus=4, gpu_memory_utilization=0.7, dtype="bfloat16")
+def test_vllm_args_tensor_and_data_parallel_from_the_placement() -> None:
+    """vllm is not installed here: the arguments are checked, never run."""
+    a = scoring.build_args("/m", ["gsm8k", "gsm8k_cot"], Placement("vllm", 8, tp=4, dp=2), limit=None,
+                           num_fewshot=None, batch_size=8, max_gen_toks=None, gpu_memory_utilization=0.7,
+                           dtype="bfloat16")
     assert a.model == "vllm" and a.device is None and a.batch_size == "auto"
     assert a.model_args == {"pretrained": "/m", "tensor_parallel_size": 4, "dtype": "bfloat16",
-                            "gpu_memory_utilization": 0.7, "data_parallel_size": 1}
+                            "gpu_memory_utilization": 0.7, "data_parallel_size": 2}
     assert a.tasks == ["hpc_grpo_gsm8k", "hpc_grpo_gsm8k_cot"]
     assert "tensor_parallel_size=4" in a.cli(Path("/t"))[a.cli(Path("/t")).index("--model_args") + 1]
-    with pytest.raises(ValueError, match="eval.tp=8 is more than the 4 GPU"):
-        scoring.build_args("/m", ["gsm8k"], "vllm", limit=None, num_fewshot=None, batch_size=8, max_gen_toks=None,
-                           tp=8, gpus=4)
-    with pytest.raises(ValueError, match="needs GPUs"):
-        scoring.build_args("/m", ["gsm8k"], "vllm", limit=None, num_fewshot=None, batch_size=8, max_gen_toks=None)
+    with pytest.raises(ValueError, match="unknown eval.backend 'tgi'"):
+        scoring.build_args("/m", ["gsm8k"], Placement("tgi", 1), limit=None, num_fewshot=None, batch_size=8,
+                           max_gen_toks=None)
     assert "vllm" not in sys.modules
 
 
