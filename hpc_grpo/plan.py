@@ -87,11 +87,29 @@ def check_resources(spec: RunSpec, lay: Layout) -> list[Finding]:
     if c.scheduler == "local" and r.resources.nodes > 1:
         out.append(error("resources.nodes", "cluster 'local' has no scheduler and runs one node",
                          "use resources.nodes=1 or a Slurm cluster"))
-    if r.engine == "verl" and lay.world_size == 0:
-        out.append(error("resources.gpus_per_node", f"verl needs GPUs and cluster '{c.name}' gives this job none",
-                         "use a GPU cluster profile, or the trl engine (recipe tiny-gsm8k) on CPU"))
+    out += check_verl_cpu(spec)
     if r.engine == "trl" and r.resources.nodes > 1:
         out.append(error("resources.nodes", "the trl engine runs on one node", "use resources.nodes=1 or engine verl"))
+    return out
+
+
+def check_verl_cpu(spec: RunSpec) -> list[Finding]:
+    """verl on CPU (no GPU given) runs FSDP with the HF-sampling rollout; the HF rollout exists only there."""
+    r = spec.recipe
+    if r.engine != "verl":
+        return []
+    out: list[Finding] = []
+    if spec.verl_cpu:
+        if r.backend != "fsdp":
+            out.append(error("backend", f"'{r.backend}' needs GPUs (Megatron's kernels); this job has none, so verl "
+                             "would run in its CPU mode, which trains with FSDP only",
+                             "use a GPU cluster profile (resources.gpus_per_node > 0), or backend=fsdp"))
+        if r.rollout.name != "hf":
+            out.append(error("rollout.name", f"'{r.rollout.name}' needs GPUs; this job has none (verl's CPU mode)",
+                             "use rollout.name=hf on CPU, or give the job GPUs (resources.gpus_per_node)"))
+    elif r.rollout.name == "hf":
+        out.append(error("rollout.name", "'hf' is verl's CPU-mode sampler (hpc-grpo's stand-in for vLLM), and this "
+                         f"job has {spec.gpus_per_node} GPUs per node", "use rollout.name=vllm"))
     return out
 
 
@@ -275,7 +293,7 @@ def check_rollout(spec: RunSpec, shape: ModelShape | None = None, est: object | 
     """vLLM's limits: how many waves one engine needs for its share of a step's sequences, and how many
     full-length sequences its KV cache holds at once (vLLM queues the rest: more waves in effect)."""
     r = spec.recipe
-    if r.engine != "verl" or not spec.world_size:
+    if r.engine != "verl" or spec.verl_cpu:
         return []
     from hpc_grpo.engines.verl import max_num_seqs, rollout_engines, sequences_per_engine
 
@@ -298,7 +316,7 @@ def check_rollout(spec: RunSpec, shape: ModelShape | None = None, est: object | 
 # ----------------------------------------------------------------------------------- memory/disk
 def check_memory(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> tuple[list[Finding], object | None]:
     r = spec.recipe
-    if r.engine != "verl" or shape is None or not lay.world_size:
+    if r.engine != "verl" or shape is None or spec.verl_cpu:  # no GPU memory to model on CPU
         return [], None
     from hpc_grpo.engines.verl import max_num_seqs
     from hpc_grpo.memory import estimate_memory, memory_findings

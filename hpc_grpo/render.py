@@ -194,8 +194,11 @@ def launch_context(spec: RunSpec) -> dict[str, Any]:
         "driver": driver,
         "driver_env": cmd.env,
         "nodes": r.resources.nodes,
-        "gpus_per_node": spec.gpus_per_node,
+        # Ray's GPUs per node: one per training process (verl's CPU mode offers stand-ins, one per CPU worker)
+        "gpus_per_node": spec.procs_per_node,
         "ray_cpus": cmd.ray_cpus,
+        # set before Ray starts on every node, so every process Ray starts inherits it (verl's CPU plugin)
+        "node_env": cmd.node_env,
         "join_timeout_s": r.launch.ray_join_timeout_s,
         "ray_dir": f"{spec.run_dir}/ray",
         # verl's own driver gets the overrides resume preparation writes at job start (a custom one does not)

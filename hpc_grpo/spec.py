@@ -135,6 +135,9 @@ class Resources(Strict):
 
     nodes: int = Field(default=1, gt=0)
     gpus_per_node: int | None = Field(default=None, ge=0)
+    # verl on CPU (engine verl, gpus_per_node 0; hpc_grpo.engines.verl_cpu): training processes per node, each
+    # holding one of Ray's stand-in GPUs, as one process per GPU does on a GPU node
+    cpu_workers_per_node: int = Field(default=1, gt=0, le=64)
     time: str = "04:00:00"
     cpus_per_task: int | None = Field(default=None, gt=0)
     mem_gb: int | None = Field(default=None, gt=0)
@@ -547,8 +550,18 @@ class RunSpec(Strict):
         return self.cluster.gpus_per_node if r is None else r
 
     @property
+    def verl_cpu(self) -> bool:
+        """verl's real trainer on CPU (hpc_grpo.engines.verl_cpu): a verl recipe given no GPU."""
+        return self.recipe.engine == "verl" and self.gpus_per_node == 0
+
+    @property
+    def procs_per_node(self) -> int:
+        """Training processes per node: one per GPU, or verl CPU mode's workers."""
+        return self.recipe.resources.cpu_workers_per_node if self.verl_cpu else self.gpus_per_node
+
+    @property
     def world_size(self) -> int:
-        return self.recipe.resources.nodes * self.gpus_per_node
+        return self.recipe.resources.nodes * self.procs_per_node
 
 
 def default_run_name(recipe_name: str, now: float | None = None) -> str:

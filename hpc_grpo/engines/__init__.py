@@ -32,6 +32,8 @@ class EngineCommand:
     env: dict[str, str] = field(default_factory=dict)
     # Ray engines: the logical CPUs each node's `ray start --num-cpus` offers (0: no Ray).
     ray_cpus: int = 0
+    # Exported on every node before Ray starts, so every process of the job has it (verl's CPU-mode plugin).
+    node_env: dict[str, str] = field(default_factory=dict)
 
 
 class Engine(Protocol):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpc_grpo import checkpoints, runs
-from hpc_grpo.engines import EngineCommand, Override
+from hpc_grpo.engines import EngineCommand, Override, verl_cpu
 from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_key_for
 from hpc_grpo.findings import Finding, error
 from hpc_grpo.spec import RunSpec
@@ -19,6 +19,25 @@ ENTRY = ["-m", "verl.trainer.main_ppo"]  # after the job's interpreter (spec.pyt
 # with verl.utils.import_utils.load_extern_object, which imports pkg:// paths as installed modules.
 CODE_REWARD_PATH = "pkg://hpc_grpo.code_reward"
 CODE_REWARD_NAME = "compute_score"
+# verl's built-in GSM8K scorer is strict with format score 0; anything else is ours, with the same semantics
+GSM8K_REWARD_PATH = "pkg://hpc_grpo.rewards"
+
+# verl's CPU mode (hpc_grpo.engines.verl_cpu): settings verl's trainer needs on CPU, measured with verl 0.9.1.
+# FSDP2 (FSDP1 passes a device index), no torch.compile / flash-attention paths (remove-padding needs flash-attn),
+# no gradient checkpointing (its reentrant path asks CUDA for RNG state), one agent-loop / reward worker and no
+# dataloader workers (two cores: every extra process only waits).
+CPU_MODE = "engine: verl CPU mode (no GPU given)"
+CPU_OVERRIDES = {
+    "trainer.device": "cpu",
+    "actor_rollout_ref.actor.strategy": "fsdp2",
+    "actor_rollout_ref.ref.strategy": "fsdp2",
+    "actor_rollout_ref.actor.use_torch_compile": False,
+    "actor_rollout_ref.ref.use_torch_compile": False,
+    "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+    "actor_rollout_ref.rollout.agent.num_workers": 1,
+    "reward.num_workers": 1,
+    "data.dataloader_num_workers": 0,
+}
 
 
 def checkpoint_dir(spec: RunSpec) -> Path:
@@ -74,9 +93,12 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     add("data.truncation", r.data.truncation, "data.truncation")
     add("data.shuffle", r.data.shuffle, "data.shuffle")
     add(f"{arr}.model.path", r.model.path, "model.path")
+    cpu = spec.verl_cpu
     if r.backend == "fsdp":  # Megatron ignores this key: its recompute is rendered with the Megatron block below
-        add(f"{arr}.model.enable_gradient_checkpointing", r.model.gradient_checkpointing, "model.gradient_checkpointing")
-    add(f"{arr}.model.use_remove_padding", r.model.use_remove_padding, "model.use_remove_padding")
+        add(f"{arr}.model.enable_gradient_checkpointing", r.model.gradient_checkpointing and not cpu,
+            CPU_MODE if cpu else "model.gradient_checkpointing")
+    add(f"{arr}.model.use_remove_padding", r.model.use_remove_padding and not cpu,
+        CPU_MODE if cpu else "model.use_remove_padding")
     add(f"{arr}.model.trust_remote_code", r.model.trust_remote_code, "model.trust_remote_code")
     add(f"{arr}.actor.optim.lr", r.grpo.lr, "grpo.lr")
     add(f"{arr}.actor.ppo_mini_batch_size", r.batch.mini, "batch.mini")
@@ -149,7 +171,8 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     t = r.train
     add("trainer.critic_warmup", 0, "engine")
     add("trainer.nnodes", r.resources.nodes, "resources.nodes")
-    add("trainer.n_gpus_per_node", spec.gpus_per_node, "resources.gpus_per_node")
+    add("trainer.n_gpus_per_node", spec.procs_per_node,
+        "resources.cpu_workers_per_node" if cpu else "resources.gpus_per_node")
     add("trainer.total_epochs", t.total_epochs, "train.total_epochs")
     if t.total_training_steps is not None:
         add("trainer.total_training_steps", t.total_training_steps, "train.total_training_steps")
@@ -163,12 +186,20 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     add("trainer.logger", [*r.logging.logger, "file"], "logging.logger")
     add("trainer.project_name", r.logging.project, "logging.project")
     add("trainer.experiment_name", r.logging.experiment or spec.run_name, "logging.experiment")
+    crf = "reward.custom_reward_function"
     if r.grpo.reward == "code_exec":
-        crf = "reward.custom_reward_function"
         add(f"{crf}.path", CODE_REWARD_PATH, "grpo.reward")
         add(f"{crf}.name", CODE_REWARD_NAME, "grpo.reward")
         for key, value in r.grpo.code.model_dump().items():
             add(f"+{crf}.reward_kwargs.{key}", value, f"grpo.code.{key}")
+    elif r.grpo.reward == "gsm8k_flexible" or r.grpo.format_score:
+        add(f"{crf}.path", GSM8K_REWARD_PATH, "grpo.reward")
+        add(f"{crf}.name", "compute_score", "grpo.reward")
+        add(f"+{crf}.reward_kwargs.method", r.grpo.reward.removeprefix("gsm8k_"), "grpo.reward")
+        add(f"+{crf}.reward_kwargs.format_score", r.grpo.format_score, "grpo.format_score")
+    if cpu:
+        for key, value in CPU_OVERRIDES.items():
+            add(key, value, CPU_MODE)
     # No ray_kwargs.ray_init.num_cpus: the driver joins the job's Ray (RAY_ADDRESS), and Ray refuses CPU counts from
     # a driver that connects to an existing cluster. Each node's `ray start --num-cpus` carries them (ray_cpus_per_node).
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
@@ -200,7 +231,7 @@ def ray_cpus_per_node(spec: RunSpec) -> int:
     creation).
     """
     slurm_cpus = spec.recipe.resources.cpus_per_task or spec.cluster.cpus_per_node
-    verl_cpus = CPUS_PER_GPU_BUNDLE * spec.gpus_per_node + sum(CPU_ACTORS_BESIDE_BUNDLES.values())
+    verl_cpus = CPUS_PER_GPU_BUNDLE * spec.procs_per_node + sum(CPU_ACTORS_BESIDE_BUNDLES.values())
     return max(slurm_cpus, verl_cpus)
 
 
@@ -237,17 +268,13 @@ class VerlEngine:
             config_name=name,
             overrides=overrides,
             env={"WANDB_RUN_ID": runs.wandb_run_id(spec.path), "WANDB_RESUME": "allow"},
+            node_env=dict(verl_cpu.ENV) if spec.verl_cpu else {},
             ray_cpus=ray_cpus_per_node(spec),
         )
 
     def check(self, spec: RunSpec) -> list[Finding]:
         """Passthrough keys: well-formed, real verl keys, and not fighting a modelled field."""
         findings: list[Finding] = []
-        g = spec.recipe.grpo
-        if g.reward == "gsm8k_flexible" or (g.reward == "gsm8k_strict" and g.format_score):
-            findings.append(error("grpo.reward", "verl's built-in GSM8K reward is the strict scorer with format score 0",
-                                  "use grpo.reward=gsm8k_strict grpo.format_score=0, or grpo.reward=code_exec "
-                                  "(the execution reward, wired as reward.custom_reward_function)"))
         owned = {o.key: o.source for o in modelled_overrides(spec)} | dict.fromkeys(RESUME_KEYS, RESUME_SOURCE)
         for key in spec.recipe.passthrough:
             pkey = f"passthrough.{key}"
