@@ -3,7 +3,7 @@
 #   bash tools/setup-env.sh          # .venv: the local engine: torch, transformers, peft, trl (CPU or one GPU node),
 #                                    # lm-eval for the GSM8K evaluation, matplotlib for `hpc-grpo report`
 #   bash tools/setup-env.sh dev      # .venv + test tools, ray, and verl's config files for schema checks
-#   bash tools/setup-env.sh verl     # .venv-verl: the full verl 0.9.1 trainer stack (hpc-grpo[train-verl]), no vLLM;
+#   bash tools/setup-env.sh verl     # .venv-verl: the full verl 0.9.1 trainer stack + lm-eval (hpc-grpo[train-verl,eval]), no vLLM;
 #                                    # skipped when already complete (a stamp of the pins and pyproject.toml)
 # On a machine without an NVIDIA GPU, torch 2.13.0's CPU build is installed first: anything that asks for plain
 # `torch` otherwise downloads a CUDA build of several GB. HPC_GRPO_VENV picks another folder.
@@ -23,7 +23,7 @@ verl_pins=("$torch_pin" "packaging<26")
 
 stamp="$venv/.hpc-grpo-setup"
 # Found without importing them (importing verl and megatron costs 10+ s on a busy machine).
-find_all='import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ("verl", "transfer_queue", "megatron.core", "ray", "hpc_grpo")))'
+find_all='import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ("verl", "transfer_queue", "megatron.core", "ray", "hpc_grpo", "lm_eval")))'
 want_stamp=""
 if [ "$mode" = verl ]; then
   want_stamp="$(printf '%s\n' "${verl_pins[@]}" | cat - "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
@@ -49,9 +49,10 @@ fi
 if [ "$mode" = verl ]; then
   constraints="$venv/hpc-grpo-constraints.txt"
   printf '%s\n' "${verl_pins[@]}" > "$constraints"
-  echo "hpc-grpo: installing hpc-grpo[train-verl] (verl[verl-core]==0.9.1, megatron-core, ray[default]) into $venv"
-  "${pip[@]}" -c "$constraints" -e "${root}[train-verl]"
-  "$venv/bin/python" -c 'import verl, transfer_queue, megatron.core, ray, hpc_grpo'
+  # + eval: the eval job runs on the job's interpreter (lm-eval scores the export verl's merger wrote)
+  echo "hpc-grpo: installing hpc-grpo[train-verl,eval] (verl[verl-core]==0.9.1, megatron-core, ray[default], lm-eval) into $venv"
+  "${pip[@]}" -c "$constraints" -e "${root}[train-verl,eval]"
+  "$venv/bin/python" -c 'import verl, transfer_queue, megatron.core, ray, hpc_grpo, lm_eval'
   echo "$want_stamp" > "$stamp"
   echo "hpc-grpo: verl environment ready: $venv/bin/python"
   exit 0

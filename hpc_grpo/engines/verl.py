@@ -205,6 +205,8 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     add(f"{env}.WANDB_RUN_ID", runs.wandb_run_id(spec.path), "run directory")
     add(f"{env}.WANDB_RESUME", "allow", "engine")
+    # verl logs from its TaskRunner, a Ray actor whose working directory is Ray's, not the run's
+    add(f"{env}.WANDB_DIR", spec.run_dir, "run directory")
     add(f"{env}.VERL_FILE_LOGGER_PATH", f"{spec.run_dir}/verl_metrics.jsonl", "engine: metrics for prune's keep_best")
     return out
 

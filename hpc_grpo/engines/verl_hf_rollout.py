@@ -145,8 +145,12 @@ class HFServer:
                 self.adapter_loaded = True
             result = set_peft_model_state_dict(self.model, _adapter_keys(state))
             unexpected = list(getattr(result, "unexpected_keys", []) or [])
-            if unexpected:
-                raise RuntimeError(f"LoRA update: {len(unexpected)} tensors match no adapter weight, e.g. {unexpected[:3]}")
+            # every adapter weight of the model must have come: a name mismatch would leave B at zero, and the
+            # server would go on sampling from the base model without any error (VERL.md)
+            missing = [k for k in getattr(result, "missing_keys", []) or [] if "lora_" in k]
+            if unexpected or missing:
+                raise RuntimeError(f"LoRA update: {len(unexpected)} tensors match no adapter weight "
+                                   f"(e.g. {unexpected[:3]}), {len(missing)} adapter weights got none (e.g. {missing[:3]})")
             return {"adapter_tensors": len(state)}
         target = self.model.get_base_model() if self.adapter_loaded else self.model
         result = target.load_state_dict(state, strict=False)

@@ -1,0 +1,164 @@
+"""verl's whole lifecycle on the real local Slurm cluster, with verl's real trainer in its CPU mode.
+
+`tiny-verl` (FSDP2 + LoRA on gloo, the tiny model, GSM8K) is submitted on 2 nodes exactly as a user submits a GPU
+recipe: the same verl launch script, Ray bootstrap, resume preparation, prune poller and eval chain, on `.venv-verl`
+through the cluster profile's `setup.venv`. The only stand-in is the sampler: hpc-grpo's HF rollout server replaces
+vLLM, behind verl's own rollout interfaces (hpc_grpo.engines.verl_hf_rollout). Then, asserted on each step's
+artefacts, not on exit codes:
+
+1. verl logs steps (its file logger, collected by the prune poller into RUN/metrics.jsonl);
+2. a job in the `high` partition preempts it; submitit's handler records the requeue with its cause;
+3. Slurm requeues it; resume preparation picks the newest complete checkpoint (a `start` event naming it) and verl
+   resumes from it (its log says so), and the run finishes every step;
+4. prune keeps what the recipe says (keep_last 2: the two newest steps);
+5. the eval job (afterany) exports the final checkpoint with verl's own merger and scores it with lm-eval, beside the
+   base model;
+6. `status` shows the progress, `report` draws reward, KL and response length from verl's file logger;
+7. W&B (offline) holds one run id across the requeue.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_grpo import runs, slurm
+from hpc_grpo.engines import metrics
+from tests.slurm.test_submit import GSM8K, REPO, Env, make_env, wait_final
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+
+VENV = REPO / ".venv-verl"
+STEPS = 5
+PREEMPT_AFTER = 2  # steps logged before the preemption
+DEADLINE_S = 900.0  # two verl start-ups (~60-90 s each on 2 shared cores), 5 steps, merger + two lm-eval runs
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
+    if not (VENV / "bin" / "python").is_file():
+        pytest.fail(f"{VENV} is missing: run `bash tools/setup-env.sh verl` (tools/run-tests.sh does)", pytrace=False)
+    from hpc_grpo.data import prepare_gsm8k
+    from hpc_grpo.tiny_model import ensure_tiny_model
+
+    e = make_env(tmp_path_factory.mktemp("verllife"))
+    data = prepare_gsm8k(GSM8K, e.root / "data")
+    model = ensure_tiny_model(e.root / "models" / "tiny-qwen2")
+    e.env.update(HF_HOME=str(e.root / "hf"), HF_DATASETS_OFFLINE="1")
+    e.tiny = ["recipe=tiny-verl", "resources.nodes=2", f"cluster.setup.venv={VENV}",
+              f"data.train_files={data.verl_train}", f"data.val_files={data.verl_test}", f"model.path={model}",
+              f"train.total_training_steps={STEPS}", "logging.logger=[console,wandb]", "logging.project=lifecycle"]
+    return e
+
+
+def file_logger_steps(run_dir: Path) -> list[int]:
+    """Steps of verl's file logger, as the prune poller copied them into RUN/metrics.jsonl."""
+    return [r["step"] for r in metrics.file_rows(run_dir / metrics.METRICS_FILE)]
+
+
+def test_verl_lifecycle_preempted_resumed_pruned_evaluated(env: Env) -> None:
+    name = env.name("verllife")
+    proc = env.submit(*env.tiny, "--name", name)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = env.runs_root / name
+    history = runs.read_history(run_dir)
+    assert [h.purpose for h in history] == ["train", "eval"], history
+    job_id, eval_id = history[0].job_id, history[1].job_id
+    started = time.monotonic()
+
+    # 1. verl's own steps, logged by its file logger and collected by the poller
+    while len(file_logger_steps(run_dir)) < PREEMPT_AFTER:
+        info = slurm.job_states([job_id]).get(job_id)
+        assert info is None or info.live, (info, log_tail(run_dir, job_id))
+        assert time.monotonic() - started < DEADLINE_S, f"no {PREEMPT_AFTER} steps logged: {log_tail(run_dir, job_id)}"
+        time.sleep(1)
+    before = max(file_logger_steps(run_dir))
+
+    # 2. preempted from the high partition (the job's first node is made too small for both)
+    cancel_preemptor = preempt_first_node(env, job_id)
+    try:
+        end = time.monotonic() + 180
+        while not any(h.purpose == "requeue" for h in runs.read_history(run_dir)):
+            assert time.monotonic() < end, f"job {job_id} was not requeued: {log_tail(run_dir, job_id)}"
+            time.sleep(0.5)
+        # 3. requeued under the same id, resumed, finished
+        info = wait_final(job_id, DEADLINE_S)
+    finally:
+        cancel_preemptor()
+    assert info.state == "COMPLETED", (info, log_tail(run_dir, job_id))
+    everything = runs.read_history(run_dir)
+    requeue = next(h for h in everything if h.purpose == "requeue")
+    assert requeue.job_id == job_id and "preempt" in requeue.note.lower(), requeue
+    starts = [h for h in everything if h.purpose == "start"]
+    assert len(starts) == 2, everything
+    resumed_from = (starts[1].data or {}).get("step")
+    assert isinstance(resumed_from, int) and before <= resumed_from < STEPS, (starts[1], before)
+    assert f"resumes from global_step_{resumed_from}" in starts[1].note, starts[1].note
+    assert starts[1].data["restart_count"] == 1 and starts[1].data["overrides"] == [
+        "trainer.resume_mode=resume_path", f"trainer.resume_from_path={run_dir / 'checkpoints' / f'global_step_{resumed_from}'}"]
+    # verl itself loaded it: the resumed attempt's first logged step is the one after the checkpoint
+    log = (run_dir / "submitit" / f"{job_id}_0_log.out").read_text(errors="replace")
+    second = log.split("starting the Ray head")[2]  # the second allocation's part of the appended log
+    assert f"step:{resumed_from + 1} - " in second and f"step:{resumed_from} - " not in second, second[-3000:]
+    steps = file_logger_steps(run_dir)
+    assert steps == list(range(1, STEPS + 1)), (steps, before, resumed_from)
+
+    # 4. retention: keep_last 2 -> the two newest complete checkpoints stay
+    ckpts = sorted(int(p.name.split("_")[-1]) for p in (run_dir / "checkpoints").glob("global_step_*"))
+    assert ckpts == [STEPS - 1, STEPS], ckpts
+    shards = list((run_dir / "checkpoints" / f"global_step_{STEPS}" / "actor").glob("model_world_size_2_rank_*.pt"))
+    assert len(shards) == 2, shards  # 2 nodes x 1 CPU worker: verl's FSDP world size 2
+    assert json.loads((run_dir / "checkpoints" / f"global_step_{STEPS}" / "actor" / "lora_train_meta.json")
+                      .read_text())["lora_alpha"] == 16
+
+    # 5. the eval job: verl's merger exported the final step, lm-eval scored it and the base model
+    einfo = wait_final(eval_id, DEADLINE_S)
+    assert einfo.state == "COMPLETED", (einfo, log_tail(run_dir, eval_id))
+    result = json.loads((run_dir / "eval" / f"step_{STEPS}.json").read_text())
+    gsm = result["scores"]["gsm8k"]
+    assert gsm["n"] == 4 and 0.0 <= gsm["strict_match"] <= 1.0, gsm
+    assert result["base"]["scores"]["gsm8k"]["n"] == 4
+    export = run_dir / "exports" / f"step_{STEPS}"
+    assert (export / "config.json").is_file() and list(export.glob("*.safetensors")), list(export.iterdir())
+
+    # 6. status and report read verl's file logger
+    st = env.status(run_dir)
+    assert st["last_step"] == STEPS, st
+    proc = env.cli("report", str(run_dir))
+    assert proc.returncode == 0 and (run_dir / "report.png").is_file(), proc.stdout + proc.stderr
+    from hpc_grpo import report
+
+    rep = report.build(run_dir)
+    for curve in ("reward", "kl", "response length"):
+        assert [step for step, _ in rep.steps[curve]] == list(range(1, STEPS + 1)), (curve, rep.steps)
+
+    # 7. one W&B run across the requeue
+    wandb_runs = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) >= 2, wandb_runs  # one folder per attempt
+    want = runs.wandb_run_id(run_dir)
+    assert all(p.name.endswith(f"-{want}") for p in wandb_runs), (wandb_runs, want)
+    print(f"\nverl lifecycle: preempted after step {before}, resumed from {resumed_from}, "
+          f"{time.monotonic() - started:.0f} s to the eval result")
+
+
+def preempt_first_node(env: Env, job_id: str):
+    """A job in the high partition asking for more CPUs than are idle on the run's first node: Slurm preempts the
+    run (PreemptMode=REQUEUE). Returns a canceller for that job."""
+    first = subprocess.run(["scontrol", "show", "hostnames", slurm.job_states([job_id])[job_id].nodelist],
+                           capture_output=True, text=True, timeout=20, check=True).stdout.split()[0]
+    cpus = subprocess.run(["sinfo", "--noheader", "-n", first, "-o", "%C"], capture_output=True, text=True,
+                          timeout=20, check=True).stdout.split()[0]  # allocated/idle/other/total
+    idle, total = int(cpus.split("/")[1]), int(cpus.split("/")[3])
+    proc = subprocess.run(["sbatch", "--parsable", "-p", "high", "-w", first, "-c", str(min(total, idle + 1)),
+                           "-t", "1", "-J", env.name("preemptor"), "-o", "/dev/null", "--wrap", "sleep 3"],
+                          capture_output=True, text=True, timeout=20, check=True)
+    return lambda: slurm.cancel(proc.stdout.strip().split(";")[0])
+
+
+def log_tail(run_dir: Path, job_id: str) -> str:
+    path = run_dir / "submitit" / f"{job_id}_0_log.out"
+    return path.read_text(errors="replace")[-5000:] if path.is_file() else "no log"

@@ -1,0 +1,92 @@
+"""verl's CPU mode (hpc_grpo.engines.verl_cpu, hpc_grpo.engines.verl_hf_rollout): the plugin's own rules here, and
+what verl 0.9.1 sees with it loaded in `.venv-verl` (a probe script run there; the end-to-end run of verl's trainer
+is tests/slurm/test_verl_lifecycle.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpc_grpo import export
+from hpc_grpo.engines import verl_cpu
+from hpc_grpo.engines.verl import modelled_overrides
+from hpc_grpo.plan import check_verl_cpu
+from hpc_grpo.resolve import resolve_spec
+
+PROBE = Path(__file__).with_name("verl_cpu_probe.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_backend_string_keeps_each_device_once() -> None:
+    assert verl_cpu.dedupe_backend("cpu:gloo,cpu:gloo") == "cpu:gloo"
+    assert verl_cpu.dedupe_backend("cpu:gloo,cuda:nccl") == "cpu:gloo,cuda:nccl"  # GPU runs: untouched
+    assert verl_cpu.dedupe_backend("gloo") == "gloo" and verl_cpu.dedupe_backend(None) is None
+
+
+def test_another_verl_is_refused_with_the_fix() -> None:
+    verl_cpu.check_version(verl_cpu.VERL_VERSION)
+    with pytest.raises(RuntimeError) as exc:
+        verl_cpu.check_version("0.9.2")
+    msg = str(exc.value)
+    assert "0.9.1" in msg and "0.9.2" in msg and "pip" not in msg.split("Fix:")[0] and "setup-env.sh verl" in msg
+
+
+def test_a_verl_recipe_without_gpus_runs_in_cpu_mode(isolated) -> None:
+    spec = resolve_spec("tiny-verl", "slurm-dev", ["resources.nodes=2", "resources.cpu_workers_per_node=2"], run_name="t")
+    assert spec.verl_cpu and spec.gpus_per_node == 0 and spec.procs_per_node == 2 and spec.world_size == 4
+    ov = {o.key: o.value for o in modelled_overrides(spec)}
+    assert ov["trainer.device"] == "cpu" and ov["trainer.n_gpus_per_node"] == 2 and ov["trainer.nnodes"] == 2
+    assert ov["actor_rollout_ref.actor.strategy"] == "fsdp2" and ov["actor_rollout_ref.rollout.name"] == "hf"
+    assert ov["actor_rollout_ref.model.use_remove_padding"] is False
+    assert ov["reward.custom_reward_function.path"] == "pkg://hpc_grpo.rewards"
+    assert ov["+reward.custom_reward_function.reward_kwargs.method"] == "flexible"
+    from hpc_grpo.render import launch_context
+
+    ctx = launch_context(spec)
+    assert ctx["node_env"] == verl_cpu.ENV and ctx["gpus_per_node"] == 2  # Ray's stand-in GPUs per node
+    gpu = resolve_spec("qwen2.5-3b-gsm8k-lora", "a100-ib", [], run_name="t")
+    assert not gpu.verl_cpu and "trainer.device" not in {o.key for o in modelled_overrides(gpu)}
+    assert launch_context(gpu)["node_env"] == {}
+
+
+@pytest.mark.parametrize("recipe, overrides, key", [
+    ("tiny-verl", ["rollout.name=vllm"], "rollout.name"),
+    ("tiny-verl", ["backend=megatron"], "backend"),
+    ("qwen2.5-3b-gsm8k-lora", ["rollout.name=hf"], "rollout.name"),
+])
+def test_cpu_mode_refusals_name_the_key(isolated, recipe: str, overrides: list[str], key: str) -> None:
+    cluster = "slurm-dev" if recipe == "tiny-verl" else "a100-ib"
+    found = check_verl_cpu(resolve_spec(recipe, cluster, overrides, run_name="t"))
+    assert [f.key for f in found] == [key] and found[0].fix, found
+
+
+def test_verl_sees_the_cpu_platform_and_the_hf_rollout(tmp_path: Path) -> None:
+    """In `.venv-verl`: device cpu on gloo, the hf rollout registered, log-probs the model's own, and a LoRA update
+    that really changes what the server samples from (adapter tensors loaded into the base would not)."""
+    python = export.verl_python()
+    if python == os.sys.executable:
+        reason = "no .venv-verl (bash tools/setup-env.sh verl builds it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    from hpc_grpo.tiny_model import ensure_tiny_model
+
+    model = ensure_tiny_model(tmp_path / "tiny")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([python, str(PROBE), str(model)], capture_output=True, text=True, timeout=300, env=env,
+                          stdin=subprocess.DEVNULL, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (got["device"], got["backend"], got["device_id"], got["pg_backend"]) == ("cpu", "gloo", "cpu", "cpu:gloo"), got
+    assert got["memory_allocated"] == 0 and got["device_label"] == "CPU"
+    assert (got["adapter_class"], got["replica_class"]) == ("HFServerAdapter", "HFReplica")
+    assert got["logprob_max_err"] < 1e-4 and 1 <= got["sampled_len"] <= 8, got
+    assert got["adapter_active"] and got["loaded"]["adapter_tensors"] > 0
+    assert got["adapter_moves"] > 1e-3, got  # the adapter changes the logits...
+    assert got["matches_trained"] < 0.05, got  # ...to the trained model's (bf16 transfer)
+    assert got["global_steps"] == 3
+    assert "adapter weights got none" in got["bad_names"] or "match no adapter weight" in got["bad_names"], got
