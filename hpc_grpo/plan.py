@@ -107,6 +107,9 @@ def check_verl_cpu(spec: RunSpec) -> list[Finding]:
         if r.rollout.name != "hf":
             out.append(error("rollout.name", f"'{r.rollout.name}' needs GPUs; this job has none (verl's CPU mode)",
                              "use rollout.name=hf on CPU, or give the job GPUs (resources.gpus_per_node)"))
+        out.append(info("resources.gpus_per_node", f"0 GPUs: verl's real trainer runs in its CPU mode, "
+                        f"{spec.procs_per_node} training process(es) per node on gloo, sampling with hpc-grpo's HF "
+                        "server instead of vLLM (verl 0.9.1 only; not exercised: vLLM, NCCL, GPU memory)"))
     elif r.rollout.name == "hf":
         out.append(error("rollout.name", "'hf' is verl's CPU-mode sampler (hpc-grpo's stand-in for vLLM), and this "
                          f"job has {spec.gpus_per_node} GPUs per node", "use rollout.name=vllm"))

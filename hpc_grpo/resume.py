@@ -131,15 +131,16 @@ class WorldSizeMismatch(SpecError):
 
 
 def _shape_for(world: int, *specs: RunSpec) -> str:
-    """resources overrides giving `world` GPUs: the shape of a spec that had that size, else whole nodes of the
-    last spec's GPUs per node, else one node."""
+    """resources overrides giving `world` training processes: the shape of a spec that had that size, else whole
+    nodes of the last spec's processes per node, else one node."""
+    key = specs[-1].procs_key
     for s in specs:
         if s.world_size == world:
-            return f"resources.nodes={s.recipe.resources.nodes} resources.gpus_per_node={s.gpus_per_node}"
-    gpn = specs[-1].gpus_per_node
-    if gpn and world % gpn == 0:
-        return f"resources.nodes={world // gpn} resources.gpus_per_node={gpn}"
-    return f"resources.nodes=1 resources.gpus_per_node={world}"
+            return f"resources.nodes={s.recipe.resources.nodes} {key}={s.procs_per_node}"
+    per_node = specs[-1].procs_per_node
+    if per_node and world % per_node == 0:
+        return f"resources.nodes={world // per_node} {key}={per_node}"
+    return f"resources.nodes=1 {key}={world}"
 
 
 def new_run_command(spec: RunSpec, model_dir: Path) -> str:
@@ -171,7 +172,7 @@ def check_world_size(spec: RunSpec, ckpt: ck.Checkpoint | None, before: RunSpec 
     exported = export_dir(spec.path, ckpt.step)
     back = _shape_for(saved, *[s for s in (before, spec) if s is not None])
     raise WorldSizeMismatch(
-        f"world size {new} (resources.nodes={res.nodes} x resources.gpus_per_node={spec.gpus_per_node}) is refused: "
+        f"world size {new} (resources.nodes={res.nodes} x {spec.procs_key}={spec.procs_per_node}) is refused: "
         f"the newest complete checkpoint {ckpt.path} is a verl FSDP checkpoint saved at world size {saved} "
         f"(actor/model_world_size_{saved}_rank_*.pt), and verl loads FSDP shards only at the world size that wrote "
         f"them (it would look for model_world_size_{new}_rank_*.pt and fail at load, after the queue wait).\n"

@@ -560,6 +560,11 @@ class RunSpec(Strict):
         return self.recipe.resources.cpu_workers_per_node if self.verl_cpu else self.gpus_per_node
 
     @property
+    def procs_key(self) -> str:
+        """The recipe key that sets procs_per_node (for messages and suggested overrides)."""
+        return "resources.cpu_workers_per_node" if self.verl_cpu else "resources.gpus_per_node"
+
+    @property
     def world_size(self) -> int:
         return self.recipe.resources.nodes * self.procs_per_node
 

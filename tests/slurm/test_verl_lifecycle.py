@@ -136,6 +136,13 @@ def test_verl_lifecycle_preempted_resumed_pruned_evaluated(env: Env) -> None:
     for curve in ("reward", "kl", "response length"):
         assert [step for step, _ in rep.steps[curve]] == list(range(1, STEPS + 1)), (curve, rep.steps)
 
+    # resume onto another allocation: verl's FSDP shards of world size 2 cannot load at 1; refused before queueing
+    queued_before = len(runs.read_history(run_dir))
+    proc = env.cli("resume", run_dir.name, "resources.nodes=1", "--force", f"cluster.runs_root={env.runs_root}")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "world size 2" in said and "hpc-grpo export" in said, said
+    assert len(runs.read_history(run_dir)) == queued_before
+
     # 7. one W&B run across the requeue
     wandb_runs = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) >= 2, wandb_runs  # one folder per attempt

@@ -264,6 +264,7 @@ if [ "$node_index" -eq 0 ]; then
     +reward.custom_reward_function.reward_kwargs.memory_mb=1024
     +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RUN_ID=golden-82738dea
     +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RESUME=allow
+    +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_DIR=/runs/golden
     +ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=/runs/golden/verl_metrics.jsonl
     +actor_rollout_ref.actor.megatron.override_transformer_config.masked_softmax_fusion=True
     +actor_rollout_ref.actor.megatron.override_transformer_config.bias_activation_fusion=True

@@ -257,6 +257,7 @@ if [ "$node_index" -eq 0 ]; then
     trainer.experiment_name=golden
     +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RUN_ID=golden-82738dea
     +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RESUME=allow
+    +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_DIR=/runs/golden
     +ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=/runs/golden/verl_metrics.jsonl
   )
   driver+=("${resume_args[@]}")
