@@ -28,13 +28,14 @@ import pytest
 
 from hpc_grpo import runs, slurm
 from hpc_grpo.engines import metrics
+from hpc_grpo.job.prune_poller import VERL_LOG
 from tests.slurm.test_submit import GSM8K, REPO, Env, make_env, wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 VENV = REPO / ".venv-verl"
-STEPS = 5
-PREEMPT_AFTER = 2  # steps logged before the preemption
+STEPS = 10
+PREEMPT_AFTER = 2  # steps logged before the preemption (the rest leaves Slurm time to preempt a running job)
 DEADLINE_S = 900.0  # two verl start-ups (~60-90 s each on 2 shared cores), 5 steps, merger + two lm-eval runs
 
 
@@ -49,15 +50,27 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     data = prepare_gsm8k(GSM8K, e.root / "data")
     model = ensure_tiny_model(e.root / "models" / "tiny-qwen2")
     e.env.update(HF_HOME=str(e.root / "hf"), HF_DATASETS_OFFLINE="1")
+    # a slice of GSM8K: verl tokenizes every row at each start to filter overlong prompts (7473 rows: ~20 s here)
+    train, test = head_parquet(data.verl_train, e.root / "train64.parquet"), head_parquet(data.verl_test, e.root / "test64.parquet")
     e.tiny = ["recipe=tiny-verl", "resources.nodes=2", f"cluster.setup.venv={VENV}",
-              f"data.train_files={data.verl_train}", f"data.val_files={data.verl_test}", f"model.path={model}",
-              f"train.total_training_steps={STEPS}", "logging.logger=[console,wandb]", "logging.project=lifecycle"]
+              f"data.train_files={train}", f"data.val_files={test}", f"model.path={model}",
+              f"train.total_training_steps={STEPS}", "logging.logger=[console,wandb]", "logging.project=lifecycle",
+              f"eval.test_file={GSM8K / 'test.jsonl'}", f"eval.train_file={GSM8K / 'train.jsonl'}"]
     return e
 
 
-def file_logger_steps(run_dir: Path) -> list[int]:
-    """Steps of verl's file logger, as the prune poller copied them into RUN/metrics.jsonl."""
-    return [r["step"] for r in metrics.file_rows(run_dir / metrics.METRICS_FILE)]
+def head_parquet(src: Path, dst: Path, rows: int = 64) -> Path:
+    import pyarrow.parquet as pq
+
+    pq.write_table(pq.read_table(src).slice(0, rows), dst)
+    return dst
+
+
+def file_logger_steps(run_dir: Path, live: bool = False) -> list[int]:
+    """Steps of verl's file logger: as the prune poller copied them into RUN/metrics.jsonl, or (live) as verl
+    writes them this moment (RUN/verl_metrics.jsonl, which the poller reads every 20 s)."""
+    path = run_dir / (VERL_LOG if live else metrics.METRICS_FILE)
+    return [r["step"] for r in metrics.file_rows(path)]
 
 
 def test_verl_lifecycle_preempted_resumed_pruned_evaluated(env: Env) -> None:
@@ -71,12 +84,12 @@ def test_verl_lifecycle_preempted_resumed_pruned_evaluated(env: Env) -> None:
     started = time.monotonic()
 
     # 1. verl's own steps, logged by its file logger and collected by the poller
-    while len(file_logger_steps(run_dir)) < PREEMPT_AFTER:
+    while len(file_logger_steps(run_dir, live=True)) < PREEMPT_AFTER:
         info = slurm.job_states([job_id]).get(job_id)
         assert info is None or info.live, (info, log_tail(run_dir, job_id))
         assert time.monotonic() - started < DEADLINE_S, f"no {PREEMPT_AFTER} steps logged: {log_tail(run_dir, job_id)}"
         time.sleep(1)
-    before = max(file_logger_steps(run_dir))
+    before = max(file_logger_steps(run_dir, live=True))
 
     # 2. preempted from the high partition (the job's first node is made too small for both)
     cancel_preemptor = preempt_first_node(env, job_id)
@@ -153,14 +166,14 @@ def test_verl_lifecycle_preempted_resumed_pruned_evaluated(env: Env) -> None:
 
 
 def preempt_first_node(env: Env, job_id: str):
-    """A job in the high partition asking for more CPUs than are idle on the run's first node: Slurm preempts the
-    run (PreemptMode=REQUEUE). Returns a canceller for that job."""
+    """A job in the high partition asking for every CPU of the run's first node: Slurm preempts every low job
+    there, the run's included (asking only for the idle CPUs + 1 may preempt another job on a shared node)."""
     first = subprocess.run(["scontrol", "show", "hostnames", slurm.job_states([job_id])[job_id].nodelist],
                            capture_output=True, text=True, timeout=20, check=True).stdout.split()[0]
     cpus = subprocess.run(["sinfo", "--noheader", "-n", first, "-o", "%C"], capture_output=True, text=True,
                           timeout=20, check=True).stdout.split()[0]  # allocated/idle/other/total
-    idle, total = int(cpus.split("/")[1]), int(cpus.split("/")[3])
-    proc = subprocess.run(["sbatch", "--parsable", "-p", "high", "-w", first, "-c", str(min(total, idle + 1)),
+    total = int(cpus.split("/")[3])
+    proc = subprocess.run(["sbatch", "--parsable", "-p", "high", "-w", first, "-c", str(total),
                            "-t", "1", "-J", env.name("preemptor"), "-o", "/dev/null", "--wrap", "sleep 3"],
                           capture_output=True, text=True, timeout=20, check=True)
     return lambda: slurm.cancel(proc.stdout.strip().split(";")[0])
