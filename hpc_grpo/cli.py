@@ -681,6 +681,22 @@ def rehearse(args: ArgsT = None, name: NameT = None) -> None:
     raise typer.Exit(0 if outcome.ok else 1)
 
 
+def print_rows(title: str, cols: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """A table on a terminal; whole lines in pipes and CI logs, where a table folds paths and keys at 80 columns."""
+    if not out.is_terminal:
+        out.file.write(f"{title}:\n" + "".join("  " + "  |  ".join(r) + "\n" for r in rows))
+        out.file.flush()
+        return
+    from rich.markup import escape
+
+    t = Table(title=title)
+    for col in cols:
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(*(escape(x) for x in r))
+    out.print(t)
+
+
 def print_rehearsal(outcome: Any) -> None:
     from rich.markup import escape
 
@@ -688,33 +704,20 @@ def print_rehearsal(outcome: Any) -> None:
 
     sh = outcome.shrink
     if sh.replaced:
-        t = Table(title="Shrunk onto CPU (replaced)")
-        for col in ("key", "recipe", "rehearsal", "why"):
-            t.add_column(col, overflow="fold")
-        for c in sh.replaced:
-            t.add_row(c.key, escape(json.dumps(c.was)), escape(json.dumps(c.now)), c.why)
-        out.print(t)
+        print_rows("Shrunk onto CPU (replaced)", ("key", "recipe", "rehearsal", "why"),
+                   [(c.key, json.dumps(c.was), json.dumps(c.now), c.why) for c in sh.replaced])
         notable = [k for k in sh.kept if k.startswith(("passthrough.", "grpo.", "lora.", "checkpoint.", "offload."))
                    or k in ("data.filter_overlong_prompts", "data.truncation", "eval.tasks", "rollout.load_format",
-                            "rollout.layered_summon")]
+                            "rollout.layered_summon", "train.test_freq")]
         out.print(f"Kept as the recipe has them ({len(sh.kept)} keys), among them: {', '.join(notable)}")
         if sh.resume_overrides:
             out.print(f"Resume overrides (hpc-grpo resume --force): {' '.join(sh.resume_overrides)}")
     if outcome.findings and not outcome.ok:
         print_findings(outcome.findings, err)
     if outcome.checks:
-        t = Table(title=f"Exercised: {outcome.spec.run_dir}")
-        for col in ("", "what", "evidence"):
-            t.add_column(col, overflow="fold")
-        for c in outcome.checks:
-            t.add_row("[green]ok[/]" if c.ok else "[red]FAILED[/]", c.what, escape(c.evidence))
-        out.print(t)
-    t = Table(title="Not exercised on CPU (needs GPUs)")
-    for col in ("what", "why"):
-        t.add_column(col, overflow="fold")
-    for what, why in NOT_EXERCISED:
-        t.add_row(what, why)
-    out.print(t)
+        print_rows(f"Exercised ({outcome.spec.run_dir})", ("", "what", "evidence"),
+                   [("ok" if c.ok else "FAILED", c.what, c.evidence) for c in outcome.checks])
+    print_rows("Not exercised on CPU (needs GPUs)", ("what", "why"), list(NOT_EXERCISED))
     if outcome.failed is not None:
         f = outcome.failed
         err.print(f"[bold red]rehearsal failed at step '{escape(f.step)}':[/] {escape(f.message)}"
