@@ -187,6 +187,7 @@ class Evidence:
     """What the run directory shows after a rehearsal (read by `collect`)."""
 
     steps_logged: list[int] = field(default_factory=list)
+    validated: list[int] = field(default_factory=list)  # steps with verl's val-core/val-aux metrics (train.test_freq)
     checkpoints: list[str] = field(default_factory=list)  # complete checkpoint folders
     resumed_from: int | None = None  # the resumed job's "start" event: the step it resumed from
     resume_job: str | None = None
@@ -204,8 +205,9 @@ class Check:
     evidence: str
 
 
-def judge(ev: Evidence, eval_expected: bool = True) -> list[Check]:
-    """The exercised table: pure, so the report is unit-tested without a job."""
+def judge(ev: Evidence, eval_expected: bool = True, val_expected: bool = False) -> list[Check]:
+    """The exercised table: pure, so the report is unit-tested without a job. val_expected: the recipe validates
+    (train.test_freq > 0), so verl validates at its last step, in each job."""
     want = list(range(1, RESUMED_STEPS + 1))
     names = [f"global_step_{s}" for s in want]
     checks = [
@@ -217,6 +219,9 @@ def judge(ev: Evidence, eval_expected: bool = True) -> list[Check]:
               f"history.jsonl: job {ev.resume_job} start resumed from step {ev.resumed_from}" if ev.resume_job
               else "no start event of a resumed job in history.jsonl"),
     ]
+    if val_expected:
+        checks.append(Check("validation (the recipe's train.test_freq)", bool(ev.validated),
+                            f"val-core metrics at steps: {', '.join(map(str, ev.validated)) or 'none'}"))
     if eval_expected:
         score = ", ".join(f"{k} {v:.3f}" for k, v in sorted(ev.eval_scores.items()))
         checks += [
@@ -233,9 +238,10 @@ def collect(run_dir: Path) -> Evidence:
     """Read the evidence back from the run directory through the product's readers."""
     from hpc_grpo import checkpoints as ck
     from hpc_grpo import evaluate, export, runs
-    from hpc_grpo.engines.metrics import run_metrics
+    from hpc_grpo.engines.metrics import METRICS_FILE, read_raw, run_metrics
 
     steps = sorted({int(r["step"]) for r in run_metrics(run_dir).rows if r.get("step") is not None})
+    validated = [s for s, raw in read_raw(Path(run_dir) / METRICS_FILE).items() if any(k.startswith("val-") for k in raw)]
     complete = [str(c.path) for c in ck.list_checkpoints(run_dir, "verl") if c.complete]
     history = runs.read_history(run_dir)
     resumed = [e.job_id for e in history if e.purpose == "resume"]
@@ -248,7 +254,7 @@ def collect(run_dir: Path) -> Evidence:
         found = sorted(Path(run_dir, export.EXPORTS_DIR).glob("step_*/" + export.MARKER))
         folder = found[-1].parent if found else None
     return Evidence(
-        steps_logged=steps, checkpoints=complete,
+        steps_logged=steps, validated=validated, checkpoints=complete,
         resumed_from=start.data.get("step") if start else None, resume_job=start.job_id if start else None,
         export=str(folder) if folder else None, export_how=export.export_info(folder).get("how", "") if folder else "",
         eval_step=last.get("step") if last else None,
@@ -398,7 +404,8 @@ def run_rehearsal(recipe: str, cluster: str, overrides: list[str], run_name: str
             wait(second.eval, "eval", say)
     except StepFailed as exc:
         out.failed = exc
-    out.checks = judge(collect(spec.path), eval_expected=original.recipe.eval.enabled)
+    out.checks = judge(collect(spec.path), eval_expected=original.recipe.eval.enabled,
+                       val_expected=spec.recipe.train.test_freq > 0)
     if out.failed is None and not out.ok:
         bad = next(c for c in out.checks if not c.ok)
         out.failed = StepFailed(bad.what, f"the jobs completed but the run directory lacks it: {bad.evidence}",

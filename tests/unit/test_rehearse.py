@@ -146,6 +146,15 @@ def test_report_without_eval_has_no_eval_rows() -> None:
     assert len(R.judge(R.Evidence(), eval_expected=False)) == 3
 
 
+def test_report_checks_validation_only_when_the_recipe_validates() -> None:
+    from dataclasses import replace
+
+    assert "validation (the recipe's train.test_freq)" not in [c.what for c in R.judge(GOOD)]
+    (row,) = [c for c in R.judge(replace(GOOD, validated=[1, 2]), val_expected=True) if c.what.startswith("valid")]
+    assert row.ok and row.evidence == "val-core metrics at steps: 1, 2"
+    assert [c.what for c in R.judge(GOOD, val_expected=True) if not c.ok] == ["validation (the recipe's train.test_freq)"]
+
+
 def test_collect_reads_the_run_directory(tmp_path: Path) -> None:
     from tests.ckpt_trees import verl_fsdp
 
@@ -155,8 +164,8 @@ def test_collect_reads_the_run_directory(tmp_path: Path) -> None:
     run.mkdir()
     for step in (1, 2):
         verl_fsdp(run, step, world=1, lora=True)
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": {"critic/score/mean": 0.0}}) + "\n"
-                                               for s in (1, 2)))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": {"critic/score/mean": 0.0, **(
+        {"val-core/openai/gsm8k/acc/mean@1": 0.0} if s == 2 else {})}}) + "\n" for s in (1, 2)))
     runs.append_history(run, "11", "train", "slurm")
     runs.append_history(run, "11", "start", "slurm", data={"step": 0})
     runs.append_history(run, "12", "resume", "slurm")
@@ -168,7 +177,7 @@ def test_collect_reads_the_run_directory(tmp_path: Path) -> None:
     (run / "eval" / "step_2.json").write_text(json.dumps({"step": 2, "scores": {"gsm8k": {"strict_match": 0.0,
                                                                                             "flexible_extract": 1.0}}}))
     ev = R.collect(run)
-    assert ev.steps_logged == [1, 2] and ev.resumed_from == 1 and ev.resume_job == "12"
+    assert ev.steps_logged == [1, 2] and ev.validated == [2] and ev.resumed_from == 1 and ev.resume_job == "12"
     assert [Path(c).name for c in ev.checkpoints] == ["global_step_1", "global_step_2"]
     assert ev.export == str(exp) and ev.eval_scores == {"gsm8k/strict_match": 0.0, "gsm8k/flexible_extract": 1.0}
     assert all(c.ok for c in R.judge(ev))
