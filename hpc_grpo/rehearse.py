@@ -341,8 +341,12 @@ def wait(submission: Any, step: str, say: Callable[[str], None]) -> None:
     """Until the job ends; StepFailed (with its log) unless it completed."""
     from hpc_grpo.status import job_succeeded
 
+    from hpc_grpo import runs
+
     t0 = time.monotonic()
-    while not submission.job.done():
+    # submitit's done() can come while squeue still shows the job COMPLETING: wait until the run's own view of it
+    # (the state job_succeeded reads) has settled too.
+    while not submission.job.done() or str(submission.job_id) in runs.live_jobs(Path(submission.run_dir)):
         time.sleep(POLL_S)
     state = submission.job.state
     if not job_succeeded(submission.run_dir, submission.job_id, state):
