@@ -353,9 +353,9 @@ def wait_for(submission: Any) -> int:
         print_eval_rows(results[-1:])
     # The run's own row for this job, not submitit's state: a local job that raised is "FINISHED" to submitit (and
     # on Slurm the chained eval job is the newest row).
-    rows = [j for j in status.jobs if j.job_id == str(submission.job_id)]
-    ok = rows[-1].state == "COMPLETED" if rows else state == "COMPLETED"
-    return 0 if ok else 1
+    from hpc_grpo.status import job_succeeded
+
+    return 0 if job_succeeded(submission.run_dir, submission.job_id, state) else 1
 
 
 def print_training_summary(run_dir: Path) -> None:
@@ -663,6 +663,67 @@ def eval_cmd(
         out.print(f"Results will be in {outcome.run_dir}/eval/step_N.json; see them with: hpc-grpo report {outcome.run_dir}")
         return
     print_eval_rows(outcome.results)
+
+
+@app.command()
+def rehearse(args: ArgsT = None, name: NameT = None) -> None:
+    """Rehearse a verl FSDP recipe on CPU before it gets GPUs: the tiny model, a handful of the recipe's own rows, two
+    steps with a checkpoint each, a resume, the export and one eval problem, through submit/resume/eval's own paths
+    (the cluster's partition with no GPU asked, or locally). Exit 0 passed, 1 a step failed, 2 bad input."""
+    from hpc_grpo.clusterpick import choose_cluster
+    from hpc_grpo.rehearse import run_rehearsal
+
+    recipe, cluster, overrides = parse_args(args)
+    choice = choose_cluster(cluster)
+    err.print(f"cluster: {choice.name} ({choice.why})")
+    outcome = run_rehearsal(recipe, choice.name, overrides, name, say=out.print)
+    print_rehearsal(outcome)
+    raise typer.Exit(0 if outcome.ok else 1)
+
+
+def print_rows(title: str, cols: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """A table on a terminal; whole lines in pipes and CI logs, where a table folds paths and keys at 80 columns."""
+    if not out.is_terminal:
+        out.file.write(f"{title}:\n" + "".join("  " + "  |  ".join(r) + "\n" for r in rows))
+        out.file.flush()
+        return
+    from rich.markup import escape
+
+    t = Table(title=title)
+    for col in cols:
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(*(escape(x) for x in r))
+    out.print(t)
+
+
+def print_rehearsal(outcome: Any) -> None:
+    from rich.markup import escape
+
+    from hpc_grpo.rehearse import NOT_EXERCISED
+
+    sh = outcome.shrink
+    if sh.replaced:
+        print_rows("Shrunk onto CPU (replaced)", ("key", "recipe", "rehearsal", "why"),
+                   [(c.key, json.dumps(c.was), json.dumps(c.now), c.why) for c in sh.replaced])
+        notable = [k for k in sh.kept if k.startswith(("passthrough.", "grpo.", "lora.", "checkpoint.", "offload."))
+                   or k in ("data.filter_overlong_prompts", "data.truncation", "eval.tasks", "rollout.load_format",
+                            "rollout.layered_summon", "train.test_freq")]
+        out.print(f"Kept as the recipe has them ({len(sh.kept)} keys), among them: {', '.join(notable)}")
+        if sh.resume_overrides:
+            out.print(f"Resume overrides (hpc-grpo resume --force): {' '.join(sh.resume_overrides)}")
+    if outcome.findings and not outcome.ok:
+        print_findings(outcome.findings, err)
+    if outcome.checks:
+        print_rows(f"Exercised ({outcome.spec.run_dir})", ("", "what", "evidence"),
+                   [("ok" if c.ok else "FAILED", c.what, c.evidence) for c in outcome.checks])
+    print_rows("Not exercised on CPU (needs GPUs)", ("what", "why"), list(NOT_EXERCISED))
+    if outcome.failed is not None:
+        f = outcome.failed
+        err.print(f"[bold red]rehearsal failed at step '{escape(f.step)}':[/] {escape(f.message)}"
+                  + (f"\n  log: {f.log}" if f.log else ""))
+    else:
+        out.print(f"[bold green]Rehearsal passed[/]: {outcome.spec.run_dir}")
 
 
 @app.command("export")

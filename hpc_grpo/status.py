@@ -153,6 +153,13 @@ def run_status(run_dir: Path) -> RunStatus:
     return status
 
 
+def job_succeeded(run_dir: Path, job_id: str, fallback_state: str | None = None) -> bool:
+    """Whether a job of the run ended well, by the run's own row for it (Slurm's state, or the local job's), not
+    submitit's: a local job that raised is "FINISHED" to submitit. `fallback_state` when the run has no row for it."""
+    rows = [j for j in run_status(run_dir).jobs if j.job_id == str(job_id)]
+    return rows[-1].state == "COMPLETED" if rows else fallback_state == "COMPLETED"
+
+
 def trained_line(verdict: trained.Trained, jobs: list[JobRow], events: list[runs.HistoryEntry]) -> str | None:
     """What status says of a trained run; for one trained by its final checkpoint whose training job then failed
     (field report 004: W&B's teardown), that it counts as trained and how the job ended. None while not trained."""
