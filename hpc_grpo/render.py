@@ -14,7 +14,7 @@ from typing import Any
 
 import jinja2
 
-from hpc_grpo import __version__, evaluate, registry
+from hpc_grpo import __version__, evaluate, registry, runs
 from hpc_grpo.engines import get_engine
 from hpc_grpo.spec import RunSpec
 from hpc_grpo.yamlio import SpecError, dump_yaml
@@ -200,7 +200,10 @@ def launch_context(spec: RunSpec) -> dict[str, Any]:
         # set before Ray starts on every node, so every process Ray starts inherits it (verl's CPU plugin)
         "node_env": cmd.node_env,
         "join_timeout_s": r.launch.ray_join_timeout_s,
+        "spec_file": f"{spec.run_dir}/{runs.SPEC}",
         "ray_dir": f"{spec.run_dir}/ray",
+        # no Slurm to say where the node is: the profile's loopback address (the node layout is Slurm's otherwise)
+        "local_address": spec.cluster.local_address if spec.cluster.scheduler == "local" else None,
         # verl's own driver gets the overrides resume preparation writes at job start (a custom one does not)
         "resume_args": spec.recipe.launch.driver is None,
     }

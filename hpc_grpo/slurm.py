@@ -33,6 +33,9 @@ __all__ = [
     "batch_script",
     "cancel",
     "cluster_name",
+    "hostnames",
+    "node_addresses",
+    "parse_node_addrs",
     "gpu_query",
     "parse_assoc",
     "parse_config_value",
@@ -614,3 +617,31 @@ def time_left_s(job_id: str) -> int | None:
         return parse_duration(first.split("|")[0])
     except ValueError:
         return None
+
+
+# ------------------------------------------------------------------------------------------------------ in the job
+def hostnames(nodelist: str) -> list[str]:
+    """The node names of a hostlist expression (a job's SLURM_JOB_NODELIST, "node[1-4]"), in Slurm's order."""
+    return _run(["scontrol", "show", "hostnames", nodelist], timeout=30).split()
+
+
+def parse_node_addrs(text: str) -> dict[str, str]:
+    """NodeName -> NodeAddr from `scontrol -o show node` (one node per line); a node without NodeAddr is left out."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        name, addr = fields.get("NodeName"), fields.get("NodeAddr")
+        if name and addr:
+            out[name] = addr
+    return out
+
+
+def node_addresses(names: list[str]) -> dict[str, str]:
+    """Each node's NodeAddr (what the node's daemons, and so the job's Ray, are reached at), in one scontrol call.
+
+    Not the host name's DNS answer: slurm-dev's nodes are all `localhost` with addresses 127.0.0.11-14, and a real
+    cluster may route Ray over an address the name does not resolve to.
+    """
+    if not names:
+        return {}
+    return parse_node_addrs(_run(["scontrol", "-o", "show", "node", ",".join(names)], timeout=30))

@@ -470,8 +470,26 @@ class Cluster(Strict):
     shared_paths: list[str] = Field(default_factory=list, description="folders every node sees (checked for nodes > 1)")
     offline: bool = Field(default=False, description="compute nodes cannot reach the Hugging Face Hub")
     slurm_cluster_name: str | None = Field(default=None, description="Slurm's ClusterName: picks this profile")
+    # scheduler=local: the address a Ray job binds to. Loopback, so nothing leaves the machine, but not 127.0.0.1:
+    # Ray silently rewrites 127.0.0.1 and localhost to the machine's external address.
+    local_address: str = Field(default="127.0.0.2", description="scheduler=local: the job's Ray address (127.0.0.0/8, "
+                                                                 "not 127.0.0.1)")
     setup: Setup = Field(default_factory=Setup)
     env: dict[str, str] = {}
+
+    @field_validator("local_address")
+    @classmethod
+    def _local_address(cls, v: str) -> str:
+        import ipaddress
+
+        try:
+            addr = ipaddress.IPv4Address(v)
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IPv4 address") from None
+        if not addr.is_loopback or addr == ipaddress.IPv4Address("127.0.0.1"):
+            raise ValueError(f"{v}: use a loopback address other than 127.0.0.1 (Ray rewrites that one to the "
+                             "machine's external address), e.g. 127.0.0.2")
+        return str(addr)
 
     @field_validator("time_max", mode="before")
     @classmethod

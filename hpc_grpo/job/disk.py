@@ -114,7 +114,7 @@ def explain(run_dir: Path, run_name: str, engine: str) -> str:
 
 def report(run_dir: Path, message: str) -> None:
     """Make room (the reserve), then record the failure in the history; printing is the caller's."""
-    from hpc_grpo.job.prepare_resume import job_identity
+    from hpc_grpo.job.job_env import job_identity
 
     release_reserve(run_dir)
     job_id, executor = job_identity()
@@ -125,18 +125,26 @@ def report(run_dir: Path, message: str) -> None:
         print(f"hpc-grpo: could not record the failure in {runs.HISTORY}: {exc}", file=sys.stderr, flush=True)
 
 
+def check_after_failure(spec_path: Path) -> None:
+    """After a driver failed (verl's node 0): say so plainly if the disk is full. Never raises."""
+    from hpc_grpo.resolve import load_frozen
+
+    try:
+        spec = load_frozen(spec_path)
+        if is_disk_full(spec.path, None):
+            message = explain(spec.path, spec.run_name, spec.recipe.engine)
+            report(spec.path, message)
+            print(f"hpc-grpo: error: {message}", file=sys.stderr, flush=True)
+    except Exception as exc:  # noqa: BLE001 - the driver's own failure is what the job reports
+        print(f"hpc-grpo: disk check failed: {exc}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """After a driver failed (verl's launch script): say so plainly if the disk is full. Exit 0 either way."""
+    """After a driver failed: say so plainly if the disk is full. Exit 0 either way."""
     parser = argparse.ArgumentParser(prog="python -m hpc_grpo.job.disk", description=main.__doc__)
     parser.add_argument("--spec", required=True, type=Path)
     args = parser.parse_args(argv)
-    from hpc_grpo.resolve import load_frozen
-
-    spec = load_frozen(args.spec)
-    if is_disk_full(spec.path, None):
-        message = explain(spec.path, spec.run_name, spec.recipe.engine)
-        report(spec.path, message)
-        print(f"hpc-grpo: error: {message}", file=sys.stderr, flush=True)
+    check_after_failure(args.spec)
     return 0
 
 

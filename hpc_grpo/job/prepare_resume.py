@@ -15,9 +15,10 @@ engines, before the engine starts: the newest COMPLETE checkpoint is where train
 
 All of it happens under runs.checkpoint_lock(run_dir), the lock prune takes too.
 
-In-job use: trl_job calls `prepare()`; verl's launch script runs
-`python -m hpc_grpo.job.prepare_resume --spec RUN_DIR/spec.yaml --args-out FILE` and passes FILE's lines
-(one Hydra override each) on to main_ppo.
+In-job use: trl_job calls `prepare()`; node 0 of a verl job (hpc_grpo.job.verl_node) calls `prepare_for_job`
+and appends the overrides to main_ppo's command line (also written to a file, one Hydra override a line, for a
+custom driver). `python -m hpc_grpo.job.prepare_resume --spec RUN_DIR/spec.yaml --args-out FILE` does the same
+from a shell.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_grpo import checkpoints as ck
 from hpc_grpo import runs
+from hpc_grpo.job.job_env import job_identity, restart_count
 
 if TYPE_CHECKING:
     from hpc_grpo.spec import RunSpec
@@ -107,18 +109,9 @@ def prepare(run_dir: Path, engine: str, spec: RunSpec | None = None) -> Prepared
 def record(run_dir: Path, prepared: Prepared, job_id: str, executor: str) -> None:
     """The job's "start" event in history.jsonl: which attempt, from which checkpoint, what moved."""
     data = prepared.as_dict()
-    restarts = os.environ.get("SLURM_RESTART_COUNT")
-    data["restart_count"] = int(restarts) if restarts and restarts.isdigit() else 0
+    data["restart_count"] = restart_count()
     data["host"] = os.uname().nodename
     runs.append_history(Path(run_dir), job_id, "start", executor, note=prepared.summary(), data=data)
-
-
-def job_identity() -> tuple[str, str]:
-    """(job id, executor) of the running job: Slurm's, submitit's local one, or this process."""
-    if os.environ.get("SLURM_JOB_ID"):
-        return os.environ["SLURM_JOB_ID"], "slurm"
-    local = os.environ.get("SUBMITIT_LOCAL_JOB_ID")
-    return (local, "local") if local else (str(os.getpid()), "local")
 
 
 def prepare_and_record(run_dir: Path, engine: str, spec: RunSpec | None = None) -> Prepared:
@@ -162,25 +155,31 @@ def _write_tracker(run_dir: Path, step: int) -> None:
         raise
 
 
+def prepare_for_job(spec_path: Path, args_out: Path | None = None) -> list[str] | None:
+    """Resume preparation at a job's start from its frozen spec: the engine's resume overrides (also written to
+    `args_out`, one a line), or None when it failed (said on stderr; a refused world size is in the history)."""
+    from hpc_grpo.resolve import load_frozen
+    from hpc_grpo.yamlio import SpecError
+
+    try:
+        spec = load_frozen(spec_path)
+        prepared = prepare_and_record(spec.path, spec.recipe.engine, spec)
+    except (SpecError, OSError, TimeoutError) as exc:
+        print(f"hpc-grpo: resume preparation failed: {exc}", file=sys.stderr, flush=True)
+        return None
+    print(f"hpc-grpo: resume preparation: {prepared.summary()}", flush=True)
+    if args_out:
+        args_out.parent.mkdir(parents=True, exist_ok=True)
+        args_out.write_text("".join(f"{o}\n" for o in prepared.overrides), encoding="utf-8")
+    return prepared.overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpc_grpo.job.prepare_resume", description=__doc__.split("\n")[0])
     parser.add_argument("--spec", required=True, type=Path, help="RUN_DIR/spec.yaml (the frozen run spec)")
     parser.add_argument("--args-out", type=Path, help="write the engine's resume overrides here, one per line")
     args = parser.parse_args(argv)
-    from hpc_grpo.resolve import load_frozen
-    from hpc_grpo.yamlio import SpecError
-
-    try:
-        spec = load_frozen(args.spec)
-        prepared = prepare_and_record(spec.path, spec.recipe.engine, spec)
-    except (SpecError, OSError, TimeoutError) as exc:
-        print(f"hpc-grpo: resume preparation failed: {exc}", file=sys.stderr, flush=True)
-        return 2
-    print(f"hpc-grpo: resume preparation: {prepared.summary()}", flush=True)
-    if args.args_out:
-        args.args_out.parent.mkdir(parents=True, exist_ok=True)
-        args.args_out.write_text("".join(f"{o}\n" for o in prepared.overrides), encoding="utf-8")
-    return 0
+    return 0 if prepare_for_job(args.spec, args.args_out) is not None else 2
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """A stand-in driver for the verl launch path: join the job's Ray cluster, record what it holds, exit 0.
 
 Recipe ray-probe sets `launch.driver: [python3, -m, hpc_grpo.job.ray_probe]`, so the real bootstrap of
-templates/verl_ray_launch.sh.j2 runs (head on node 0, workers on the others, polling join) and this
+the verl launch path (launch.sh -> hpc_grpo.job.verl_node) runs (head on node 0, workers on the others, polling join) and this
 probe checks its result without any training: nodes alive, GPUs in total, each node's address.
-`ray.init()` takes the cluster from RAY_ADDRESS, which launch.sh exports to the driver only.
+`ray.init()` takes the cluster from RAY_ADDRESS, which verl_node gives the driver only.
 The JSON goes to --out (default: probe.json in the run directory, $HPC_GRPO_RUN_DIR).
 """
 

@@ -1,7 +1,7 @@
 """The verl launch path across 2 and 4 emulated nodes of slurm-dev: the real Ray bootstrap, a probe as the driver.
 
 recipe ray-probe replaces verl's trainer with hpc_grpo.job.ray_probe, which joins the job's Ray cluster (RAY_ADDRESS from
-launch.sh) and writes what it sees. So templates/verl_ray_launch.sh.j2 runs for real: head on node 0, workers on the
+launch.sh) and writes what it sees. So the launch path (launch.sh -> hpc_grpo.job.verl_node) runs for real: head on node 0, workers on the
 others, per-job ports and temp dirs, polling join (hpc_grpo.job.ray_wait), teardown. Each node must have joined with the
 loopback address Slurm gives it (127.0.0.11-14), never 127.0.0.1 nor the machine's external address, and nothing of
 the job's Ray may be left afterwards. The test only inspects /proc; it signals nothing but its own jobs (scancel).

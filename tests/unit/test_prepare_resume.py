@@ -134,31 +134,33 @@ def test_history_records_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert runs.job_ids(tmp_path) == []  # an event of a job, not a submission
 
 
-def test_launch_script_passes_the_prepared_overrides(tmp_path: Path) -> None:
-    """The rendered launch.sh's own lines run the preparation and read what it wrote; verl's Hydra config,
-    composed with the engine's overrides plus those, resumes from the chosen folder."""
+def test_launch_script_passes_the_prepared_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rendered launch.sh's arguments to hpc_grpo.job.verl_node make node 0 run the preparation and append what
+    it decided to the driver; verl's Hydra config, composed with the engine's overrides plus those, resumes from the
+    chosen folder."""
+    from hpc_grpo.job import node_plan, verl_node
+    from tests.launch_script import node_argv
+
     spec = resolve_spec("qwen2.5-3b-gsm8k-lora", "a100-ib", overrides=[f"cluster.runs_root={tmp_path}"], run_name="r")
     write_files(spec.path, render_all(spec))
     trees.verl_fsdp(spec.path, 7, world=4, lora=True)  # the recipe's 1 node x 4 GPUs: loadable
     torn_shard(spec.path)
     launch = (spec.path / "scripts" / "launch.sh").read_text()
     assert "resume_mode=auto" not in launch and "resume_mode" not in " ".join(VerlEngine().command(spec).argv)
-    lines = launch.splitlines()
-    start = next(i for i, ln in enumerate(lines) if "resume_args_file=" in ln)
-    end = next(i for i, ln in enumerate(lines) if "mapfile -t resume_args" in ln)
-    assert any('driver+=("${resume_args[@]}")' in ln for ln in lines)
-    snippet = "\n".join(["set -euo pipefail", f"python={sys.executable}", f"run_dir={spec.path}",
-                         f"state_dir={tmp_path}/state", "attempt=0",
-                         f"mkdir -p {tmp_path}/state", *lines[start:end + 1], 'printf "%s\\n" "${resume_args[@]}"'])
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", SLURM_JOB_ID="99")
-    proc = subprocess.run(["bash", "-c", snippet], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    args = proc.stdout.splitlines()[-2:]
+    opts = verl_node.parse_args(node_argv(launch, tmp_path))
+    assert opts.resume and opts.spec == spec.path / "spec.yaml"
+    assert opts.driver == VerlEngine().command(spec).argv
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    files = node_plan.state_files(opts.ray_dir, "99", 0)
+    resume = pr.prepare_for_job(opts.spec, files.resume_args)
+    assert resume is not None
+    argv = node_plan.driver_argv(opts.driver, resume, opts.resume)
+    args = argv[-2:]
     step7 = spec.path / "checkpoints" / "global_step_7"
     assert args == ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={step7}"]
-    assert "resume preparation: resumes from global_step_7 (step 7)" in proc.stdout
-    assert [e.purpose for e in runs.read_history(spec.path)] == ["start"]
+    assert files.resume_args.read_text().splitlines() == args  # for a custom driver to read
+    (entry,) = runs.read_history(spec.path)
+    assert entry.purpose == "start" and entry.note.startswith("resumes from global_step_7 (step 7)")
 
     config_dir = verl_config_dir()
     if config_dir is None:

@@ -4,14 +4,13 @@
   raised to what verl 0.9.1's placement groups reserve (3 per GPU) plus its controller actors;
 - fault 2: one interpreter, frozen in spec.yaml, for submitit's srun line, Ray's CLI, the join wait, the probe and
   the drivers; its precedence: setup.python, <setup.venv>/bin/python, conda/container python3, the submitter's;
-- Slurm's ROCR_VISIBLE_DEVICES is dropped when it only repeats CUDA_VISIBLE_DEVICES (verl refuses both), and Ray's
-  log monitor stays on (without it verl's per-step output never reaches the job log).
+- Slurm's ROCR_VISIBLE_DEVICES is dropped when it only repeats CUDA_VISIBLE_DEVICES (verl refuses both;
+  hpc_grpo.job.node_plan.node_environ), and Ray's log monitor stays on (without it verl's per-step output never reaches the job log).
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from hpc_grpo import registry
 from hpc_grpo.engines import get_engine
 from hpc_grpo.engines.verl import CPUS_PER_GPU_BUNDLE, ray_cpus_per_node
 from hpc_grpo.findings import Severity
+from hpc_grpo.job import node_plan
 from hpc_grpo.render import render_all
 from hpc_grpo.resolve import job_python, load_frozen, resolve_spec
 from hpc_grpo.spec import Setup
@@ -66,8 +66,8 @@ def test_ray_start_offers_the_cpus_verl_reserves(cluster: str) -> None:
     assert cpus > CPUS_PER_GPU_BUNDLE * spec.gpus_per_node
     assert cpus >= spec.cluster.cpus_per_node
     launch = render_all(spec)["scripts/launch.sh"]
-    assert re.search(rf"^ray_cpus={cpus}$", launch, re.M), launch
-    assert '--num-cpus="$ray_cpus"' in launch
+    assert f" --ray-cpus {cpus} " in launch, launch
+    assert f"--num-cpus={cpus}" in node_plan.node_args("10.0.0.1", node_plan.ports("7", 0), 4, cpus, "/tmp/r")
 
 
 def test_more_slurm_cpus_than_verl_needs_are_all_offered() -> None:
@@ -111,34 +111,25 @@ def test_every_in_job_step_runs_the_frozen_interpreter(recipe: str, cluster: str
     assert drv, launch
     assert drv.group(1).split("\n")[0].strip() in (py, f"'{py}'")
     if get_engine(spec.recipe.engine).name == "verl":
+        # the node program runs on it, and starts Ray's CLI on its own interpreter (test_verl_node.py)
         assert re.search(rf"^python={re.escape(py)}$", launch, re.M), launch
-        for step in ("-m hpc_grpo.job.ray_wait", "-m hpc_grpo.job.ray_start --wait", "-m hpc_grpo.job.ray_start -- --head",
-                     "-c 'import grpc'"):
-            assert f'"$python" {step}' in launch, step
+        assert re.search(r'^exec "\$python" -m hpc_grpo\.job\.verl_node ', launch, re.M), launch
 
 
 # ------------------------------------------------------------------------------------------ fault 5: real-run findings
-def rocr_block(launch: str) -> str:
-    m = re.search(r"^if \[ -n \"\$\{ROCR_VISIBLE_DEVICES:-\}\" \].*?^fi$", launch, re.M | re.S)
-    assert m, "launch.sh has no ROCR_VISIBLE_DEVICES guard"
-    return m.group(0)
-
-
 @pytest.mark.parametrize("rocr,cuda,kept", [
-    ("0,1,2,3", "0,1,2,3", ""),          # Slurm's copy where gres.conf names no vendor: dropped
+    ("0,1,2,3", "0,1,2,3", None),        # Slurm's copy where gres.conf names no vendor: dropped
     ("0,1", "0,1,2,3", "0,1"),           # a real AMD setting differs: kept
     ("", "0,1", ""),
 ])
-def test_rocr_copy_of_cuda_devices_is_dropped(rocr: str, cuda: str, kept: str) -> None:
-    block = rocr_block(render_all(spec_of("ray-probe"))["scripts/launch.sh"])
-    env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": cuda}
-    if rocr:
-        env["ROCR_VISIBLE_DEVICES"] = rocr
-    out = subprocess.run(["bash", "-c", f'set -euo pipefail\n{block}\nprintf %s "${{ROCR_VISIBLE_DEVICES:-}}"'],
-                         env=env, capture_output=True, text=True, check=True)
-    assert out.stdout == kept
+def test_rocr_copy_of_cuda_devices_is_dropped(rocr: str, cuda: str, kept: str | None) -> None:
+    env = node_plan.node_environ({"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": cuda, "ROCR_VISIBLE_DEVICES": rocr})
+    assert env.get("ROCR_VISIBLE_DEVICES") == kept
+    assert env["CUDA_VISIBLE_DEVICES"] == cuda
 
 
 def test_ray_log_monitor_stays_on() -> None:
     launch = render_all(spec_of("ray-probe"))["scripts/launch.sh"]
-    assert "--include-log-monitor" not in launch
+    node = node_plan.node_args("10.0.0.1", node_plan.ports("7", 0), 4, 8, "/tmp/r")
+    for text in (launch, " ".join(node_plan.head_args(node_plan.ports("7", 0), node, True))):
+        assert "--include-log-monitor" not in text

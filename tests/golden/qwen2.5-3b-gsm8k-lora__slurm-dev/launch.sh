@@ -3,288 +3,87 @@
 # Do not edit: re-create it with
 #   hpc-grpo render recipe=qwen2.5-3b-gsm8k-lora cluster=slurm-dev --name=golden cluster.runs_root=/runs
 #
-# Runs once per node (one Slurm task per node). Node 0 starts the Ray head, the others join it; node 0 waits
-# until every node has joined (polling, with a deadline), runs the driver with RAY_ADDRESS set, then tells the
-# workers to leave. Ports come from the job id, the Ray temp dir is per job and node: two jobs sharing a node do not
-# collide. Each node's address comes from Slurm (scontrol), never 127.0.0.1. `ray stop` is never used: it kills
-# every Ray process on the host, other jobs' included. Teardown stops only the processes this script started.
+# Runs once per node (one Slurm task per node; cluster=local: one node, no Slurm). hpc_grpo.job.verl_node does the
+# rest in Python: node 0 prepares the resume, starts the Ray head and waits until every node has joined, runs the
+# driver below with RAY_ADDRESS and the resume overrides (a prune poller beside it), then stops its Ray once the
+# workers have left; the other nodes join with a Ray worker and leave when the driver has exited. Ports and the Ray
+# temp dir are per job and node, node addresses come from Slurm (or the profile's local_address), never 127.0.0.1,
+# and each node stops only the processes it started (never `ray stop`).
 set -euo pipefail
 
-run_dir=/runs/golden
 # Every in-job Python step (Ray's CLI, the join wait, the driver) runs this interpreter, frozen in spec.yaml.
 python={python}
-nnodes=1
-gpus_per_node=4
-# Ray's logical CPUs per node: at least what the engine's actors reserve (see hpc_grpo.engines.verl.ray_cpus_per_node).
-ray_cpus=38
-join_timeout_s=180
-job_id="${SLURM_JOB_ID:?launch.sh runs inside a Slurm job}"
-node_index="${SLURM_NODEID:?}"
-# A requeued job keeps its id: files that mark one allocation's progress carry the restart count too.
-attempt="${SLURM_RESTART_COUNT:-0}"
-# Every hpc-grpo line carries the wall-clock time (epoch seconds), so join and teardown times can be read off the log.
-log() { echo "hpc-grpo: [$(date +%s.%3N)] $*"; }
-# Relative paths (Hydra's outputs/ folder among them) land in the run directory, on every node.
-cd "$run_dir"
-
-mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:?}")
-if [ "${#nodes[@]}" -ne "$nnodes" ]; then
-  log "expected $nnodes nodes, Slurm gave ${#nodes[@]}: ${nodes[*]}" >&2
-  exit 1
-fi
-node_addr() {
-  scontrol show node "$1" | tr ' ' '\n' | sed -n 's/^NodeAddr=//p' | head -n 1
-}
-head_node="${nodes[0]}"
-head_ip="$(node_addr "$head_node")"
-my_ip="$(node_addr "${SLURMD_NODENAME:?}")"
-if [ -z "$head_ip" ] || [ -z "$my_ip" ]; then
-  log "scontrol gave no NodeAddr for $head_node or ${SLURMD_NODENAME}" >&2
-  exit 1
-fi
-
-# Port block per job and node: GCS on the head at the block's base, every other Ray port inside the node's block.
-# A job's block is 400 ports, room for 4 nodes on one host (slurm-dev runs its 4 nodes on one machine); nodes
-# further on are other hosts and reuse the 4 slots, so no job's ports reach into the next job's block.
-port_base=$(( 20000 + (job_id % 30) * 400 ))
-my_base=$(( port_base + (node_index % 4) * 100 ))
-gcs_address="$head_ip:$port_base"
-state_dir=/runs/golden/ray"/$job_id"
-mkdir -p "$state_dir"
-done_file="$state_dir/driver-exited.$attempt"
-joined_file="$state_dir/joined.$attempt"
-ray_tmp="/tmp/hpc-grpo-ray-$job_id-$node_index"
-
-export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
-# Slurm sets ROCR_VISIBLE_DEVICES to the same list as CUDA_VISIBLE_DEVICES where gres.conf names no GPU vendor;
-# verl's workers refuse to run with both set. Equal lists say nothing more: drop the AMD one.
-if [ -n "${ROCR_VISIBLE_DEVICES:-}" ] && [ "${ROCR_VISIBLE_DEVICES}" = "${CUDA_VISIBLE_DEVICES:-}" ]; then
-  unset ROCR_VISIBLE_DEVICES
-fi
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
-unset RAY_ADDRESS
-
-ray_args=(
-  --node-ip-address="$my_ip"
-  --num-gpus="$gpus_per_node"
-  --num-cpus="$ray_cpus"
-  --temp-dir="$ray_tmp"
-  --node-manager-port=$(( my_base + 1 ))
-  --object-manager-port=$(( my_base + 2 ))
-  --dashboard-agent-listen-port=$(( my_base + 3 ))
-  --dashboard-agent-grpc-port=$(( my_base + 4 ))
-  --metrics-export-port=$(( my_base + 5 ))
-  --runtime-env-agent-port=$(( my_base + 6 ))
-  --min-worker-port=$(( my_base + 50 ))
-  --max-worker-port=$(( my_base + 99 ))
-  --disable-usage-stats
-  --block
+# The driver's own environment (not Ray's): passed to it alone.
+driver_env=(
+  WANDB_RESUME=allow
+  WANDB_RUN_ID=golden-82738dea
 )
-
-ray_pid=""
-# A process's identity: its start time (field 22 of /proc/PID/stat), empty once it is gone or a zombie.
-proc_id() {
-  local stat
-  stat="$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null)" || return 0
-  # shellcheck disable=SC2086  # split the fields on purpose
-  set -- $stat
-  if [ "${1:-Z}" != Z ]; then echo "${20:-}"; fi
-}
-# Every process below PID $1, one per line.
-descendants() {
-  ps -e -o pid= -o ppid= | awk -v root="$1" '
-    { kids[$2] = kids[$2] " " $1 }
-    END { n = 1; q[1] = root; while (n > 0) { p = q[n--]; m = split(kids[p], c, " ");
-          for (i = 1; i <= m; i++) { print c[i]; q[++n] = c[i] } } }'
-}
-stop_ray() {
-  if [ -n "$ray_pid" ] && kill -0 "$ray_pid" 2>/dev/null; then
-    local tree=() left=() entry p deadline
-    for p in $(descendants "$ray_pid"); do
-      tree+=("$p:$(proc_id "$p")")
-    done
-    kill -TERM "$ray_pid" 2>/dev/null || true
-    wait "$ray_pid" 2>/dev/null || true
-    # `ray start` stops the processes it started itself, but Ray's agents are the raylet's children: when the raylet
-    # goes without stopping them (on a worker whose head left first, measured with Ray 2.60) they stay for minutes
-    # and ignore SIGTERM. Kill what is left of this node's Ray tree: only those PIDs, and only while each PID is
-    # still the same process (same start time).
-    deadline=$(( SECONDS + 3 ))
-    while :; do
-      left=()
-      for entry in "${tree[@]}"; do
-        p="${entry%%:*}"
-        if [ -n "${entry#*:}" ] && [ "$(proc_id "$p")" = "${entry#*:}" ]; then
-          left+=("$p")
-        fi
-      done
-      if [ "${#left[@]}" -eq 0 ]; then
-        break
-      fi
-      if [ "$SECONDS" -ge "$deadline" ]; then
-        log "killing ${#left[@]} Ray process(es) that outlived ray start: ${left[*]}" >&2
-        kill -KILL "${left[@]}" 2>/dev/null || true
-        break
-      fi
-      sleep 0.2
-    done
-  fi
-  rm -rf "$ray_tmp"
-}
-
-# Node 0, at its end: wait (with a deadline) until every worker node has stopped its Ray.
-workers_stopped() {
-  local deadline=$(( SECONDS + 15 )) i missing
-  while :; do
-    missing=0
-    for (( i = 1; i < nnodes; i++ )); do
-      if [ ! -e "$state_dir/stopped.$attempt.$i" ]; then missing=$(( missing + 1 )); fi
-    done
-    if [ "$missing" -eq 0 ]; then return 0; fi
-    if [ "$SECONDS" -ge "$deadline" ]; then
-      log "$missing worker node(s) did not report stopping in 15s; stopping the head anyway" >&2
-      return 0
-    fi
-    sleep 0.1
-  done
-}
-
-if [ "$node_index" -eq 0 ]; then
-  rm -f "$done_file" "$joined_file"
-  # Resume preparation (Python decides): the newest complete checkpoint, newer broken ones quarantined, the
-  # decision recorded in history.jsonl. It writes verl's resume overrides (resume_path + resume_from_path, or
-  # disable; never auto), one per line, for the driver's command line.
-  resume_args_file="$state_dir/resume-args.$attempt"
-  "$python" -m hpc_grpo.job.prepare_resume --spec "$run_dir/spec.yaml" --args-out "$resume_args_file"
-  mapfile -t resume_args < "$resume_args_file"
-  # Teardown order: the workers leave first (they see done_file), then the head stops. A worker whose head went
-  # first loses its GCS and leaves its agents behind (workers_stopped waits for their stopped files).
-  # `|| true`: a failed touch (shared filesystem trouble) must not skip stop_ray under `set -e`.
-  trap 'touch "$done_file" || true; workers_stopped; stop_ray; log "Ray head stopped"' EXIT
-  # With ray[client] installed the head starts a Ray client server on the fixed default port 10001, which a second
-  # job's head on this host needs too: move it into this node's block. Minimal `ray` (no grpc) has no client server
-  # and aborts when given the flag at all.
-  client_args=()
-  if "$python" -c 'import grpc' 2>/dev/null; then
-    client_args=(--ray-client-server-port=$(( my_base + 7 )))
-  fi
-  log "starting the Ray head on $head_node ($gcs_address) for $nnodes node(s)"
-  # The API server runs even without the dashboard (on localhost): its port goes into the block too (default 8265 is
-  # fixed, so a second head on the host would lose it). No autoscaler monitor: Slurm fixes the node set.
-  "$python" -m hpc_grpo.job.ray_start -- --head --port="$port_base" "${client_args[@]}" --include-dashboard=false \
-    --dashboard-port=$(( my_base + 8 )) --no-monitor "${ray_args[@]}" &
-  ray_pid=$!
-  expect=()
-  for node in "${nodes[@]}"; do
-    expect+=("$node=$(node_addr "$node")")
-  done
-  "$python" -m hpc_grpo.job.ray_wait --address "$gcs_address" --nodes "$nnodes" \
-    --gpus $(( nnodes * gpus_per_node )) --timeout "$join_timeout_s" --expect "${expect[@]}" --ray-pid "$ray_pid" \
-    --marker "$joined_file"
-  log "all $nnodes node(s) joined; starting the driver"
-  driver_status=0
-  export WANDB_RESUME=allow
-  export WANDB_RUN_ID=golden-82738dea
-  driver=(
-    {python}
-    -m
-    verl.trainer.main_ppo
-    --config-name
-    ppo_trainer
-    algorithm.adv_estimator=grpo
-    algorithm.norm_adv_by_std_in_grpo=True
-    algorithm.use_kl_in_reward=False
-    data.train_files=/home/user/hpc-grpo-data/gsm8k/verl/train.parquet
-    data.val_files=/home/user/hpc-grpo-data/gsm8k/verl/test.parquet
-    data.train_batch_size=1024
-    data.max_prompt_length=512
-    data.max_response_length=1024
-    data.filter_overlong_prompts=True
-    data.truncation=error
-    data.shuffle=True
-    actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct
-    actor_rollout_ref.model.enable_gradient_checkpointing=True
-    actor_rollout_ref.model.use_remove_padding=True
-    actor_rollout_ref.model.trust_remote_code=False
-    actor_rollout_ref.actor.optim.lr=3e-06
-    actor_rollout_ref.actor.ppo_mini_batch_size=512
-    actor_rollout_ref.actor.use_dynamic_bsz=False
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40
-    actor_rollout_ref.actor.use_kl_loss=True
-    actor_rollout_ref.actor.kl_loss_coef=0.001
-    actor_rollout_ref.actor.kl_loss_type=low_var_kl
-    actor_rollout_ref.actor.entropy_coeff=0.0
-    actor_rollout_ref.rollout.name=vllm
-    actor_rollout_ref.rollout.n=5
-    actor_rollout_ref.rollout.temperature=1.0
-    actor_rollout_ref.rollout.tensor_model_parallel_size=1
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.8
-    actor_rollout_ref.rollout.load_format=safetensors
-    actor_rollout_ref.rollout.layered_summon=True
-    actor_rollout_ref.rollout.max_model_len=1536
-    actor_rollout_ref.rollout.max_num_seqs=1280
-    actor_rollout_ref.rollout.enforce_eager=False
-    actor_rollout_ref.actor.fsdp_config.param_offload=False
-    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
-    actor_rollout_ref.ref.fsdp_config.param_offload=True
-    actor_rollout_ref.model.lora_rank=64
-    actor_rollout_ref.model.lora_alpha=32
-    actor_rollout_ref.model.target_modules=all-linear
-    trainer.critic_warmup=0
-    trainer.nnodes=1
-    trainer.n_gpus_per_node=4
-    trainer.total_epochs=5
-    trainer.test_freq=5
-    trainer.val_before_train=False
-    trainer.save_freq=7
-    trainer.max_actor_ckpt_to_keep=null
-    trainer.default_local_dir=/runs/golden/checkpoints
-    'trainer.logger=[console,wandb,file]'
-    trainer.project_name=hpc-grpo-gsm8k
-    trainer.experiment_name=golden
-    +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RUN_ID=golden-82738dea
-    +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RESUME=allow
-    +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_DIR=/runs/golden
-    +ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=/runs/golden/verl_metrics.jsonl
-  )
-  driver+=("${resume_args[@]}")
-  # Retention is hpc-grpo's (verl's max_actor_ckpt_to_keep is off): once now, after resume preparation; after each
-  # save by a poller beside the driver (verl has no save hook); once more at the end. A prune never fails the job.
-  # The poller runs on the run's frozen interpreter, like every other in-job step.
-  "$python" -m hpc_grpo.job.prune_poller --run-dir "$run_dir" --once --when "job start" || true
-  "$python" -m hpc_grpo.job.prune_poller --run-dir "$run_dir" --verl-log "$run_dir/verl_metrics.jsonl" \
-    --stop-file "$done_file" &
-  poller_pid=$!
-  RAY_ADDRESS="$gcs_address" "${driver[@]}" || driver_status=$?
-  log "driver exited with status $driver_status"
-  kill "$poller_pid" 2>/dev/null || true
-  wait "$poller_pid" 2>/dev/null || true
-  "$python" -m hpc_grpo.job.prune_poller --run-dir "$run_dir" --once --when "run end" \
-    --verl-log "$run_dir/verl_metrics.jsonl" || true
-  if [ "$driver_status" -ne 0 ]; then
-    # verl does not say when a save failed for want of space: this names the disk and the fix if so.
-    "$python" -m hpc_grpo.job.disk --spec "$run_dir/spec.yaml" || true
-  fi
-  exit "$driver_status"
-else
-  stopped_file="$state_dir/stopped.$attempt.$node_index"
-  trap 'stop_ray; touch "$stopped_file" || true; log "node ${nodes[$node_index]}: Ray worker stopped"' EXIT
-  log "node ${nodes[$node_index]}: Ray worker ($my_ip) will join $gcs_address"
-  # `ray start`, with Ray's CLI imported while the head starts; it runs once the head's GCS port answers (exit 3:
-  # not within the join timeout, 4: node 0 already finished).
-  "$python" -m hpc_grpo.job.ray_start --wait "$gcs_address" --timeout "$join_timeout_s" --done-file "$done_file" \
-    --label "node ${nodes[$node_index]}" -- --address="$gcs_address" "${ray_args[@]}" &
-  ray_pid=$!
-  # Stay until the driver on node 0 has exited (or this node's Ray died).
-  while kill -0 "$ray_pid" 2>/dev/null && [ ! -e "$done_file" ]; do
-    sleep 0.2
-  done
-  if [ ! -e "$done_file" ]; then
-    ray_status=0
-    wait "$ray_pid" || ray_status=$?
-    log "node ${nodes[$node_index]}: Ray on this node ended (status $ray_status) before the driver finished" >&2
-    exit $(( ray_status == 0 ? 1 : ray_status ))
-  fi
-fi
+# The driver, exactly as it runs on node 0 (plus resume preparation's overrides at the end).
+driver=(
+  {python}
+  -m
+  verl.trainer.main_ppo
+  --config-name
+  ppo_trainer
+  algorithm.adv_estimator=grpo
+  algorithm.norm_adv_by_std_in_grpo=True
+  algorithm.use_kl_in_reward=False
+  data.train_files=/home/user/hpc-grpo-data/gsm8k/verl/train.parquet
+  data.val_files=/home/user/hpc-grpo-data/gsm8k/verl/test.parquet
+  data.train_batch_size=1024
+  data.max_prompt_length=512
+  data.max_response_length=1024
+  data.filter_overlong_prompts=True
+  data.truncation=error
+  data.shuffle=True
+  actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct
+  actor_rollout_ref.model.enable_gradient_checkpointing=True
+  actor_rollout_ref.model.use_remove_padding=True
+  actor_rollout_ref.model.trust_remote_code=False
+  actor_rollout_ref.actor.optim.lr=3e-06
+  actor_rollout_ref.actor.ppo_mini_batch_size=512
+  actor_rollout_ref.actor.use_dynamic_bsz=False
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40
+  actor_rollout_ref.actor.use_kl_loss=True
+  actor_rollout_ref.actor.kl_loss_coef=0.001
+  actor_rollout_ref.actor.kl_loss_type=low_var_kl
+  actor_rollout_ref.actor.entropy_coeff=0.0
+  actor_rollout_ref.rollout.name=vllm
+  actor_rollout_ref.rollout.n=5
+  actor_rollout_ref.rollout.temperature=1.0
+  actor_rollout_ref.rollout.tensor_model_parallel_size=1
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.8
+  actor_rollout_ref.rollout.load_format=safetensors
+  actor_rollout_ref.rollout.layered_summon=True
+  actor_rollout_ref.rollout.max_model_len=1536
+  actor_rollout_ref.rollout.max_num_seqs=1280
+  actor_rollout_ref.rollout.enforce_eager=False
+  actor_rollout_ref.actor.fsdp_config.param_offload=False
+  actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+  actor_rollout_ref.ref.fsdp_config.param_offload=True
+  actor_rollout_ref.model.lora_rank=64
+  actor_rollout_ref.model.lora_alpha=32
+  actor_rollout_ref.model.target_modules=all-linear
+  trainer.critic_warmup=0
+  trainer.nnodes=1
+  trainer.n_gpus_per_node=4
+  trainer.total_epochs=5
+  trainer.test_freq=5
+  trainer.val_before_train=False
+  trainer.save_freq=7
+  trainer.max_actor_ckpt_to_keep=null
+  trainer.default_local_dir=/runs/golden/checkpoints
+  'trainer.logger=[console,wandb,file]'
+  trainer.project_name=hpc-grpo-gsm8k
+  trainer.experiment_name=golden
+  +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RUN_ID=golden-82738dea
+  +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RESUME=allow
+  +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_DIR=/runs/golden
+  +ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=/runs/golden/verl_metrics.jsonl
+)
+exec "$python" -m hpc_grpo.job.verl_node --spec /runs/golden/spec.yaml --nodes 1 \
+  --gpus-per-node 4 --ray-cpus 38 --join-timeout 180 \
+  --ray-dir /runs/golden/ray --resume \
+  --driver-env "${driver_env[@]}" -- "${driver[@]}"
