@@ -1,0 +1,140 @@
+"""Nothing the user typed is silently dropped, leaked, or answered with a traceback.
+
+Each case is typed as a user types it: the real CLI in a subprocess (or in-process through cli.main), inside an
+isolated HOME and working directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import tree
+
+RECIPE = "qwen2.5-3b-gsm8k-lora"  # verl FSDP; its recipe sets checkpoint.keep_last: 3
+CLUSTER = "a100-ib"
+SECRET = "abc123secret"
+
+
+def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`hpc-grpo ARGS` as a user runs it, with wide output so messages are not folded."""
+    base = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
+                                                             "HPC_GRPO_PATH")}
+    return subprocess.run([sys.executable, "-m", "hpc_grpo.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**base, "COLUMNS": "200", "HOME": str(cwd / "home"), "USER": "user",
+                                            "WANDB_MODE": "offline", **(env or {})})
+
+
+def holds(root: Path, needle: str) -> list[Path]:
+    """Files under root whose bytes contain needle."""
+    return [p for p in root.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+
+
+# ---------------------------------------------------------------------------------- 1. secrets
+SECRET_OVERRIDES = [
+    f"+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_API_KEY={SECRET}",  # the report's command line
+    f"passthrough.+ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN={SECRET}",
+    f"trainer.HUGGING_FACE_HUB_TOKEN={SECRET}",
+    f"cluster.env.WANDB_API_KEY={SECRET}",
+    f"logging.wandb_api_key={SECRET}",  # a recipe key path, any case
+    f"+ray_kwargs.ray_init.runtime_env.env_vars={{WANDB_API_KEY: {SECRET}}}",  # inside a mapping value
+    f"cluster.env={{NCCL_DEBUG: WARN, HF_TOKEN: {SECRET}}}",
+]
+
+
+@pytest.mark.parametrize("override", SECRET_OVERRIDES)
+@pytest.mark.parametrize("command", ["render", "plan", "submit"])
+def test_a_secret_typed_as_an_override_is_refused_unshown_and_unwritten(override: str, command: str,
+                                                                         tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    runs_root = tmp_path / "runs"
+    extra = {"render": ["-o", str(tmp_path / "out")], "submit": ["--dry-run"], "plan": []}[command]
+    before = tree(tmp_path)
+    proc = cli(command, *extra, f"recipe={RECIPE}", f"cluster={CLUSTER}", f"cluster.runs_root={runs_root}",
+               override, cwd=tmp_path)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, text
+    assert SECRET not in text, text
+    assert "Traceback" not in text, text
+    name = next(n for n in ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN") if n in override.upper())
+    flat = " ".join(proc.stderr.split())
+    assert f"{name} is a secret" in flat and f"export {name}=" in flat and "inherits" in flat, flat
+    assert tree(tmp_path) == before, "a refused command wrote files"
+    assert not holds(tmp_path, SECRET)
+
+
+def test_a_secret_typed_on_resume_is_refused_unshown_and_unwritten(tmp_path: Path) -> None:
+    from hpc_grpo.render import render_all, write_files
+    from hpc_grpo.resolve import resolve_spec
+
+    (tmp_path / "home").mkdir()
+    spec = resolve_spec(RECIPE, CLUSTER, [f"cluster.runs_root={tmp_path / 'runs'}"], run_name="r")
+    write_files(spec.path, render_all(spec))
+    before = tree(tmp_path)
+    proc = cli("resume", str(spec.path), "--force", f"trainer.env.HF_TOKEN={SECRET}", cwd=tmp_path)
+    assert proc.returncode == 2 and "HF_TOKEN is a secret" in proc.stderr, proc.stdout + proc.stderr
+    assert SECRET not in proc.stdout + proc.stderr
+    assert tree(tmp_path) == before and not holds(tmp_path, SECRET)
+
+
+def test_a_secret_in_a_cluster_profile_is_refused_without_echoing_it(tmp_path: Path) -> None:
+    """The profile's refusal used to print the whole env mapping back (`got {'WANDB_API_KEY': '...'}`)."""
+    (tmp_path / "home").mkdir()
+    (tmp_path / "lib" / "clusters").mkdir(parents=True)
+    (tmp_path / "lib" / "clusters" / "leaky.yaml").write_text(
+        f"name: leaky\nscheduler: slurm\ngpus_per_node: 4\nenv:\n  NCCL_DEBUG: WARN\n  WANDB_API_KEY: {SECRET}\n")
+    proc = cli("plan", f"recipe={RECIPE}", "cluster=leaky", cwd=tmp_path, env={"HPC_GRPO_PATH": str(tmp_path / "lib")})
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "WANDB_API_KEY is a secret" in " ".join(text.split()), text
+    assert SECRET not in text and "leaky.yaml" in text, text
+
+
+def test_a_secret_in_a_recipe_passthrough_is_refused_without_echoing_it(tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    (tmp_path / "lib" / "recipes").mkdir(parents=True)
+    (tmp_path / "lib" / "recipes" / "leaky.yaml").write_text(
+        f"extends: {RECIPE}\npassthrough:\n  +ray_kwargs.ray_init.runtime_env.env_vars:\n    HF_TOKEN: {SECRET}\n")
+    proc = cli("plan", "recipe=leaky", f"cluster={CLUSTER}", cwd=tmp_path, env={"HPC_GRPO_PATH": str(tmp_path / "lib")})
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "HF_TOKEN is a secret" in " ".join(text.split()), text
+    assert SECRET not in text, text
+
+
+# ---------------------------------------------------------------------------------- 2. aliases
+def plan_json(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict:
+    (tmp_path / "home").mkdir(exist_ok=True)
+    proc = cli("plan", "--json", "--no-schema", *args, cwd=tmp_path, env=env)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def retention(plan: dict) -> str:
+    return next(f["message"] for f in plan["findings"] if f["key"] == "checkpoint.keep_last")
+
+
+@pytest.mark.parametrize("override", ["checkpoint.keep=1", "checkpoint.keep_last=1"])
+def test_an_old_key_name_on_the_command_line_overrides_the_recipe(override: str, tmp_path: Path) -> None:
+    plan = plan_json(tmp_path, f"recipe={RECIPE}", f"cluster={CLUSTER}", override)
+    assert "retention keeps 1 newest" in retention(plan), retention(plan)
+
+
+def test_an_old_key_name_in_a_recipe_overrides_its_parent(tmp_path: Path) -> None:
+    (tmp_path / "lib" / "recipes").mkdir(parents=True)
+    (tmp_path / "lib" / "recipes" / "old.yaml").write_text(f"extends: {RECIPE}\ncheckpoint:\n  keep: 1\n")
+    plan = plan_json(tmp_path, "recipe=old", f"cluster={CLUSTER}", env={"HPC_GRPO_PATH": str(tmp_path / "lib")})
+    assert "retention keeps 1 newest" in retention(plan), retention(plan)
+
+
+def test_both_names_in_one_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    (tmp_path / "lib" / "recipes").mkdir(parents=True)
+    (tmp_path / "lib" / "recipes" / "both.yaml").write_text(
+        f"extends: {RECIPE}\ncheckpoint:\n  keep: 1\n  keep_last: 2\n")
+    proc = cli("plan", "recipe=both", f"cluster={CLUSTER}", cwd=tmp_path, env={"HPC_GRPO_PATH": str(tmp_path / "lib")})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "both.yaml:3" in proc.stderr and "keep only 'checkpoint.keep_last'" in proc.stderr, proc.stderr
