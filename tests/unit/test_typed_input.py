@@ -138,3 +138,66 @@ def test_both_names_in_one_file_is_refused(tmp_path: Path) -> None:
     proc = cli("plan", "recipe=both", f"cluster={CLUSTER}", cwd=tmp_path, env={"HPC_GRPO_PATH": str(tmp_path / "lib")})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "both.yaml:3" in proc.stderr and "keep only 'checkpoint.keep_last'" in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------------------- 4. unreadable data
+SETPRIV = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.fixture()
+def open_dir():
+    """A folder any user may enter (pytest's tmp_path is root's 0700 tree), removed afterwards."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="hpc-grpo-unreadable-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def as_someone_who_cannot_read(cmd: list[str]) -> list[str]:
+    """root reads a 0000 file anyway: run as nobody (setpriv) then, so the read really fails."""
+    if os.geteuid() != 0:
+        return cmd
+    if subprocess.run(["sh", "-c", "command -v setpriv"], capture_output=True).returncode:
+        pytest.skip("running as root without setpriv: a chmod 000 file stays readable")
+    return [*SETPRIV, *cmd]
+
+
+def write_data(folder: Path, suffix: str) -> Path:
+    path = folder / f"train{suffix}"
+    if suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"prompt": ["q"], "reward_model": ["a"], "data_source": ["gsm8k"]}), path)
+    else:
+        path.write_text('{"prompt": "q", "answer": "a"}\n')
+    path.chmod(0o000)
+    return path
+
+
+@pytest.mark.parametrize("command", ["plan", "submit"])
+@pytest.mark.parametrize(("recipe", "cluster", "suffix"), [("tiny-gsm8k", "local", ".jsonl"),
+                                                     (RECIPE, CLUSTER, ".parquet")])
+def test_an_unreadable_data_file_is_a_finding_not_a_traceback(recipe: str, cluster: str, suffix: str, command: str,
+                                                              open_dir: Path) -> None:
+    home = open_dir / "home"
+    home.mkdir(mode=0o777)
+    home.chmod(0o777)
+    data = write_data(open_dir, suffix)
+    argv = [sys.executable, "-m", "hpc_grpo.cli", command, *(["--dry-run"] if command == "submit" else []),
+            "--no-schema", f"recipe={recipe}", f"cluster={cluster}", f"data.train_files={data}", f"data.val_files={data}",
+            f"cluster.runs_root={home}/runs"]
+    env = {**os.environ, "COLUMNS": "300", "HOME": str(home), "USER": "nobody", "WANDB_MODE": "offline",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.pop("HPC_GRPO_PATH", None)
+    proc = subprocess.run(as_someone_who_cannot_read(argv), cwd=open_dir, capture_output=True, text=True, timeout=120,
+                          env=env)
+    text = proc.stdout + proc.stderr
+    assert "Traceback" not in text, text
+    assert proc.returncode == 1 if command == "submit" else proc.returncode in (0, 1), text
+    flat = " ".join(text.split())
+    assert f"data.train_files: {data} cannot be read here (Permission denied)" in flat, flat
+    assert "chmod a+r" in flat, flat
