@@ -23,6 +23,7 @@ import re
 import warnings
 from pathlib import Path
 
+from hpc_grpo.atomic import write_text_atomic
 from hpc_grpo.findings import Finding, error
 
 _OVERRIDE_RE = re.compile(r"Could not override '([^']+)'")
@@ -92,9 +93,7 @@ def key_tree(config_name: str, config_dir: Path) -> dict[str, str]:
     walk(cfg, "")
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(tree))
-        tmp.replace(cache)
+        write_text_atomic(cache, json.dumps(tree))
     except OSError:
         pass  # a read-only home: compose every time
     return tree

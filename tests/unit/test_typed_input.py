@@ -201,3 +201,37 @@ def test_an_unreadable_data_file_is_a_finding_not_a_traceback(recipe: str, clust
     flat = " ".join(text.split())
     assert f"data.train_files: {data} cannot be read here (Permission denied)" in flat, flat
     assert "chmod a+r" in flat, flat
+
+
+# ---------------------------------------------------------------------------------- 5. file modes
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640)])
+def test_data_files_follow_the_umask(umask: int, mode: int, tmp_path: Path) -> None:
+    """`hpc-grpo data gsm8k` wrote 0600 files (mkstemp's mode survived the atomic rename): unreadable to a group
+    sharing the data, and to the job when it runs as another user of the group."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    row = json.dumps({"question": "What is 1 + 1?", "answer": "1 + 1 = 2\n#### 2"})
+    for split in ("train", "test"):
+        (src / f"{split}.jsonl").write_text(f"{row}\n{row}\n")
+    (tmp_path / "home").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "data", "gsm8k", "--source", str(src), "--out", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, preexec_fn=lambda: os.umask(umask),
+                          env={**os.environ, "HOME": str(tmp_path / "home")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) >= 5, files  # verl and trl train/test, source.json
+    assert {str(p.relative_to(out)): oct(p.stat().st_mode & 0o777) for p in files} == \
+        {str(p.relative_to(out)): oct(mode) for p in files}
+    assert not [p for p in out.rglob(".*.tmp")], "a temp file was left behind"
+
+
+def test_every_atomic_write_follows_the_umask(tmp_path: Path) -> None:
+    """The one helper behind data files, run-dir state (train_done.json, verl's tracker) and markers."""
+    from hpc_grpo.atomic import write_text_atomic
+
+    old = os.umask(0o027)
+    try:
+        write_text_atomic(tmp_path / "state.json", "{}\n")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "state.json").stat().st_mode & 0o777 == 0o640
