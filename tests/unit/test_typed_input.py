@@ -235,3 +235,23 @@ def test_every_atomic_write_follows_the_umask(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert (tmp_path / "state.json").stat().st_mode & 0o777 == 0o640
+
+
+# ---------------------------------------------------------------------------- 6. no developer paths
+def test_no_message_points_at_a_folder_users_do_not_have() -> None:
+    """`../shared` is the developers' checkout neighbour; users get GSM8K through `hpc-grpo data gsm8k`."""
+    package = Path(__file__).resolve().parents[2] / "hpc_grpo"
+    hits = [str(p.relative_to(package)) for p in package.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and b"../shared" in p.read_bytes()]
+    assert not hits, hits
+
+
+def test_missing_eval_files_name_the_data_command(tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "q", "answer": "a"}\n')
+    plan = plan_json(tmp_path, "recipe=tiny-gsm8k", "cluster=local", f"data.train_files={data}", f"data.val_files={data}")
+    found = [f for f in plan["findings"] if f["key"] == "eval.test_file"]
+    assert found and "hpc-grpo data gsm8k" in found[0]["message"] and "../shared" not in json.dumps(found), found
+    proc = cli("eval", "--model", str(tmp_path / "model"), cwd=tmp_path)
+    assert proc.returncode == 2 and "hpc-grpo data gsm8k" in proc.stderr and "../shared" not in proc.stderr, proc.stderr
