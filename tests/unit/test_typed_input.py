@@ -255,3 +255,80 @@ def test_missing_eval_files_name_the_data_command(tmp_path: Path) -> None:
     assert found and "hpc-grpo data gsm8k" in found[0]["message"] and "../shared" not in json.dumps(found), found
     proc = cli("eval", "--model", str(tmp_path / "model"), cwd=tmp_path)
     assert proc.returncode == 2 and "hpc-grpo data gsm8k" in proc.stderr and "../shared" not in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------------ 7. resume --dry-run, run folders
+def fake_slurm(folder: Path) -> tuple[dict[str, str], Path]:
+    """PATH with Slurm's tools recording each call and failing: the record proves what was (not) queued."""
+    bin_dir, calls = folder / "fake-bin", folder / "slurm-calls"
+    bin_dir.mkdir()
+    for tool in ("sbatch", "sinfo", "squeue", "sacct", "scontrol", "srun"):
+        (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\nexit 1\n')
+        (bin_dir / tool).chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}, calls
+
+
+@pytest.fixture()
+def local_run(tmp_path: Path) -> Path:
+    """A trl run on cluster=local that every submit check passes, with complete checkpoints at steps 2 and 4."""
+    from hpc_grpo.render import render_all, write_files
+    from hpc_grpo.resolve import resolve_spec
+    from tests import ckpt_trees as trees
+
+    (tmp_path / "home").mkdir()
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"prompt": "q", "ground_truth": "2"}\n')
+    spec = resolve_spec("tiny-gsm8k", "local", overrides=[f"cluster.runs_root={tmp_path / 'runs'}", "eval.enabled=false",
+                                                          f"data.train_files={data}", f"data.val_files={data}"],
+                        run_name="r")
+    write_files(spec.path, render_all(spec))
+    for step in (2, 4):
+        trees.trl_checkpoint(spec.path, step)
+    return spec.path
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_resume_dry_run_says_what_it_would_do_and_does_nothing(local_run: Path, tmp_path: Path) -> None:
+    env, calls = fake_slurm(tmp_path)
+    before = snapshot(tmp_path / "runs")
+    proc = cli("resume", str(local_run), "resources.time=00:30:00", "--dry-run", cwd=tmp_path, env=env)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    flat = " ".join(proc.stdout.split())
+    for part in (f"resumes from {local_run / 'checkpoints'}", "(step 4)", "Overrides: resources.time=00:30:00",
+                 "Would run scripts/launch.sh through submitit LocalExecutor", "spec.yaml"):
+        assert part in flat, (part, flat)
+    assert "Job:" not in text and "Traceback" not in text
+    assert snapshot(tmp_path / "runs") == before, "a dry run wrote or changed a file"
+    assert not calls.exists(), calls.read_text()
+
+
+@pytest.mark.parametrize("how", ["absolute", "relative", "name"])
+@pytest.mark.parametrize("command", [["resume", "--dry-run"], ["status"], ["prune-ckpts", "--dry-run"], ["logs"]])
+def test_every_run_command_takes_the_runs_name_or_its_folder(command: list[str], how: str, local_run: Path,
+                                                             tmp_path: Path) -> None:
+    env, _ = fake_slurm(tmp_path)
+    arg = {"absolute": str(local_run), "relative": os.path.relpath(local_run, tmp_path), "name": local_run.name}[how]
+    # by name: the run is found under the runs root of a profile in HPC_GRPO_PATH
+    (tmp_path / "lib" / "clusters").mkdir(parents=True)
+    (tmp_path / "lib" / "clusters" / "mine.yaml").write_text(f"name: mine\nscheduler: local\nruns_root: {local_run.parent}\n")
+    proc = cli(command[0], arg, *command[1:], cwd=tmp_path, env={**env, "HPC_GRPO_PATH": str(tmp_path / "lib")})
+    text = proc.stdout + proc.stderr
+    assert "no run named" not in text and "Traceback" not in text, text
+    if command[0] != "logs":  # logs of a run with no job yet: exit 2 saying so
+        assert proc.returncode == 0, text
+    else:
+        assert "has no job yet" in text, text
+
+
+@pytest.mark.parametrize("command", ["resume", "status", "prune-ckpts", "eval-code", "report"])
+def test_a_folder_that_is_not_a_run_is_said_to_be_one(command: str, tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    (tmp_path / "not-a-run").mkdir()
+    for arg, why in ((str(tmp_path / "not-a-run"), "has no spec.yaml"), (str(tmp_path / "gone"), "does not exist")):
+        proc = cli(command, arg, cwd=tmp_path)
+        text = " ".join((proc.stdout + proc.stderr).split())
+        assert proc.returncode == 2 and why in text and "no run named" not in text, text
