@@ -280,7 +280,6 @@ def submit(
                                                  "(default: on for cluster=local)")] = None,
 ) -> None:
     """Plan, create the run directory, render, and submit through submitit (Slurm or local)."""
-    from hpc_grpo.evaluate import EVAL_SCRIPT
     from hpc_grpo.plan import run_plan
     from hpc_grpo.render import render_all
 
@@ -296,16 +295,7 @@ def submit(
         out.print(f"Would create {spec.run_dir} with:")
         for rel in files:
             out.print(f"  {rel}")
-        executor = "submitit SlurmExecutor" if spec.cluster.scheduler == "slurm" else "submitit LocalExecutor"
-        out.print(f"Would submit scripts/sbatch.sh through {executor}" if spec.cluster.scheduler == "slurm"
-                  else f"Would run scripts/launch.sh through {executor}")
-        out.rule("scripts/sbatch.sh")
-        out.out(files["scripts/sbatch.sh"], end="")
-        if EVAL_SCRIPT in files:
-            out.print(f"Would queue {EVAL_SCRIPT} after it, adding #SBATCH --dependency=afterany:<its job id> "
-                      "(the eval job evaluates only if the run is trained)")
-            out.rule(EVAL_SCRIPT)
-            out.out(files[EVAL_SCRIPT], end="")
+        print_would_queue(spec, files)
         return
     from hpc_grpo.submit import submit_run
 
@@ -317,6 +307,22 @@ def submit(
         wait = spec.cluster.scheduler == "local"
     if wait:
         raise typer.Exit(wait_for(submission))
+
+
+def print_would_queue(spec: Any, files: dict[str, str]) -> None:
+    """What submit and resume --dry-run would hand to submitit: the job's script (shown) and the eval job after it."""
+    from hpc_grpo.evaluate import EVAL_SCRIPT
+
+    executor = "submitit SlurmExecutor" if spec.cluster.scheduler == "slurm" else "submitit LocalExecutor"
+    out.print(f"Would submit scripts/sbatch.sh through {executor}" if spec.cluster.scheduler == "slurm"
+              else f"Would run scripts/launch.sh through {executor}")
+    out.rule("scripts/sbatch.sh")
+    out.out(files["scripts/sbatch.sh"], end="")
+    if EVAL_SCRIPT in files:
+        out.print(f"Would queue {EVAL_SCRIPT} after it, adding #SBATCH --dependency=afterany:<its job id> "
+                  "(the eval job evaluates only if the run is trained)")
+        out.rule(EVAL_SCRIPT)
+        out.out(files[EVAL_SCRIPT], end="")
 
 
 def wait_for(submission: Any) -> int:
@@ -546,6 +552,8 @@ def resume(
     args: Annotated[Optional[list[str]], typer.Argument(help="[RUN] [key=value ...] (resources.* and time limits)",
                                                         show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="allow other overrides; resubmit a finished run")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="show where it resumes and what it would queue; queue "
+                                          "and write nothing")] = False,
     wait: Annotated[Optional[bool], typer.Option("--wait/--no-wait", help="follow the job to its end "
                                                  "(default: on for cluster=local)")] = None,
 ) -> None:
@@ -568,6 +576,16 @@ def resume(
         print_findings(checked.findings, err)
         err.print("Nothing submitted: fix the errors above.")
         raise typer.Exit(1)
+    if dry_run:
+        from hpc_grpo import runs
+        from hpc_grpo.render import render_all
+
+        print_findings(checked.findings)
+        out.print(f"Overrides: {' '.join(plan.overrides) or 'none (the frozen spec as it is)'}")
+        files = render_all(spec)
+        out.print(f"Would rewrite in {spec.run_dir}: {', '.join(files)}; and add a 'resume' line to {runs.HISTORY}")
+        print_would_queue(spec, files)
+        return
     submission = submit_resume(plan)
     out.print(f"Job: {submission.job_id} ({submission.executor})")
     out.print(f"Follow it: hpc-grpo status {spec.run_name}    logs: {submission.log_hint}")
@@ -852,7 +870,8 @@ def data_codegen(
 
 @app.command("eval-code")
 def eval_code(
-    run_dir: Annotated[Optional[Path], typer.Argument(help="a finished run: its base model and its trained policy")] = None,
+    run: Annotated[Optional[str], typer.Argument(help="a finished run's name or folder: its base model and its "
+                                                 "trained policy")] = None,
     model: Annotated[Optional[str], typer.Option(help="evaluate this model folder instead of a run")] = None,
     limit: Annotated[Optional[int], typer.Option(help="first N HumanEval problems (default: all 164)")] = None,
     n: Annotated[int, typer.Option(help="samples per problem (sampled when > 1)")] = 1,
@@ -864,13 +883,18 @@ def eval_code(
     """HumanEval pass@1 / pass@k through the sandboxed executor, base model beside the policy of a run."""
     from hpc_grpo.humaneval import evaluate_humaneval, evaluate_run
 
-    if (run_dir is None) == (model is None):
-        raise SpecError("eval-code: give a run folder or --model (one of them)")
+    if (run is None) == (model is None):
+        raise SpecError("eval-code: give a run (its name or folder) or --model (one of them)")
     ks = sorted(set(k or [1]))
     if any(x < 1 or x > n for x in ks):
         raise SpecError(f"--k {ks}: each k must be between 1 and --n={n}")
     opts = {"limit": limit, "n": n, "ks": ks, "max_new_tokens": max_new_tokens, "temperature": temperature}
-    report = evaluate_run(run_dir, **opts) if run_dir else {"task": "humaneval", "models": [evaluate_humaneval(model, **opts)]}
+    if run is not None:
+        from hpc_grpo.status import locate_run
+
+        report = evaluate_run(locate_run(run), **opts)
+    else:
+        report = {"task": "humaneval", "models": [evaluate_humaneval(model, **opts)]}
     if json_out:
         json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     t = Table(title="HumanEval")

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.code_reward import DATA_SOURCE
-from hpc_grpo.data import DataError, PrepareResult, _atomic_write, _write_jsonl, _write_parquet
+from hpc_grpo.atomic import atomic_write
+from hpc_grpo.data import DataError, PrepareResult, _write_jsonl, _write_parquet
 
 __all__ = ["SHIPPED_PROBLEMS", "CodegenResult", "load_problems", "normalize", "make_prompt", "prepare_codegen"]
 
@@ -205,10 +206,10 @@ def prepare_codegen(source: str, out_dir: str | os.PathLike[str], test_every: in
                          "reward_model": {"style": "rule", "ground_truth": ground_truth(p)},
                          "extra_info": {"split": split, "index": i, "task_id": p["id"], "entry_point": p.get("entry_point") or ""}}
                         for i, p in enumerate(rows)]
-                _atomic_write(paths[kind, split], lambda f, d=data: _write_parquet(d, f))
+                atomic_write(paths[kind, split], lambda f, d=data: _write_parquet(d, f))
             else:
                 data = [{"prompt": make_prompt(p), "ground_truth": ground_truth(p), "task_id": p["id"]} for p in rows]
-                _atomic_write(paths[kind, split], lambda f, d=data: _write_jsonl(d, f))
+                atomic_write(paths[kind, split], lambda f, d=data: _write_jsonl(d, f))
     return CodegenResult(out_dir, paths["verl", "train"], paths["verl", "test"], paths["trl", "train"],
                          paths["trl", "test"], len(splits["train"]), len(splits["test"]), source,
                          dropped_overlong=dropped)

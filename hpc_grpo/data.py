@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.atomic import atomic_write
 from hpc_grpo.yamlio import SpecError
 
 __all__ = [
@@ -194,18 +194,6 @@ def _load_hf() -> dict[str, list[dict[str, str]]]:
     return out
 
 
-def _atomic_write(target: Path, write: Any) -> None:
-    """Write via a temp file in the same folder and os.replace, so readers never see a half file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     import pyarrow as pa  # lazy: keeps `import hpc_grpo.data` cheap
     import pyarrow.parquet as pq
@@ -251,16 +239,16 @@ def prepare_gsm8k(source: str | os.PathLike[str], out_dir: str | os.PathLike[str
     for kind in ("verl", "trl"):
         (out_dir / kind).mkdir(parents=True, exist_ok=True)
     for s in SPLITS:
-        _atomic_write(paths["verl", s], lambda p, rows=verl_rows[s]: _write_parquet(rows, p))
-        _atomic_write(paths["trl", s], lambda p, rows=trl_rows[s]: _write_jsonl(rows, p))
+        atomic_write(paths["verl", s], lambda p, rows=verl_rows[s]: _write_parquet(rows, p))
+        atomic_write(paths["trl", s], lambda p, rows=trl_rows[s]: _write_jsonl(rows, p))
     # The evaluation (lm-eval's own gsm8k task) reads question/answer rows: record where they are. A local
     # source is named, not copied; rows fetched from the Hub are kept in out_dir/raw/ (no Hub in the eval job).
     raw_dir = Path(source).resolve() if source_kind == "local" else out_dir / "raw"
     if source_kind != "local":
         raw_dir.mkdir(parents=True, exist_ok=True)
         for s in SPLITS:
-            _atomic_write(raw_dir / f"{s}.jsonl", lambda p, rows=splits[s]: _write_jsonl(rows, p))
-    _atomic_write(out_dir / "source.json",
+            atomic_write(raw_dir / f"{s}.jsonl", lambda p, rows=splits[s]: _write_jsonl(rows, p))
+    atomic_write(out_dir / "source.json",
                   lambda p: p.write_text(json.dumps({"source": src, "raw_dir": str(raw_dir)}, indent=2) + "\n"))
     return PrepareResult(
         out_dir=out_dir,

@@ -30,6 +30,9 @@ EVAL_DIR = "eval"
 EVAL_SCRIPT = "scripts/eval_sbatch.sh"  # the eval job's batch script, beside the training job's scripts/sbatch.sh
 BASE_CACHE_DIR = "_base-evals"
 SOURCE_FILE = "source.json"  # written by `hpc-grpo data gsm8k`: where the raw question/answer files are
+# Where users get GSM8K question/answer files: the product's own command, never a folder only its developers have.
+GSM8K_RAW_HINT = ("`hpc-grpo data gsm8k` writes them: from the Hub into ~/hpc-grpo-data/gsm8k/raw/{split}.jsonl, "
+                  "or --source DIR names your own DIR/{split}.jsonl")
 
 # GSM8K.md's reference table (instruct models, lm-eval gsm8k as reported by the Qwen2.5 blog, 2024-09).
 PUBLISHED: dict[str, tuple[float, str]] = {
@@ -164,7 +167,7 @@ def data_files(spec: RunSpec) -> tuple[str, str]:
         raise SpecError(
             f"no GSM8K question/answer files for lm-eval: data.val_files={spec.recipe.data.val_files} has no "
             f"{SOURCE_FILE} beside it (written by `hpc-grpo data gsm8k`); set eval.test_file and eval.train_file "
-            "to jsonl files with question/answer rows, e.g. ../shared/data/gsm8k/{test,train}.jsonl",
+            f"to jsonl files with question/answer rows ({GSM8K_RAW_HINT.format(split='test')}, and train.jsonl beside it)",
             key="eval.test_file")
     return train, test
 
@@ -423,8 +426,8 @@ def eval_model(model: str, out: Path, tasks: list[str] | None, limit: int | None
     elif not (train_file and test_file):
         found = default_data_files()
         if found is None:
-            raise SpecError("no GSM8K files: pass --test-file and --train-file (question/answer jsonl, e.g. "
-                            "../shared/data/gsm8k/test.jsonl), or run `hpc-grpo data gsm8k` first", key="test-file")
+            raise SpecError("no GSM8K files: pass --test-file and --train-file (question/answer jsonl: "
+                            f"{GSM8K_RAW_HINT.format(split='test')})", key="test-file")
         train_file, test_file = train_file or found[0], test_file or found[1]
     for f in (train_file, test_file) if needs_gsm8k(tasks or ["gsm8k"]) else ():
         if not Path(f).is_file():

@@ -6,8 +6,11 @@ the caller decides (exit code 2 for invalid input, nonzero for any error finding
 
 from __future__ import annotations
 
+import errno
+import os
 from dataclasses import asdict, dataclass
 from enum import Enum
+from pathlib import Path
 
 
 class Severity(str, Enum):
@@ -49,3 +52,16 @@ def info(key: str, message: str, fix: str = "") -> Finding:
 
 def has_errors(findings: list[Finding]) -> bool:
     return any(f.severity is Severity.ERROR for f in findings)
+
+
+def cannot_read(path: Path | str, exc: BaseException) -> str:
+    """What a check says of a file it could not open or parse: the file and the reason, never a traceback."""
+    errno_ = exc.errno if isinstance(exc, OSError) else None  # pyarrow's strerror is a paragraph; its errno is not
+    if not errno_ and os.path.exists(path) and not os.access(path, os.R_OK):
+        errno_ = errno.EACCES
+    reason = os.strerror(errno_) if errno_ else str(exc) or type(exc).__name__
+    return f"{path} cannot be read here ({reason})"
+
+
+READ_FIX = ("make it readable to you (`ls -l` shows its owner and mode: `chmod a+r FILE`, or ask its owner) or point the "
+            "key at a copy you can read")

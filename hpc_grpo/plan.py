@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc_grpo.engines import get_engine
-from hpc_grpo.findings import Finding, error, has_errors, info, warning
+from hpc_grpo.findings import Finding, cannot_read, error, has_errors, info, warning
 from hpc_grpo.models import ModelShape, resolve_shape
 from hpc_grpo.yamlio import SpecError
 from hpc_grpo.spec import RunSpec
@@ -425,7 +425,12 @@ def check_environment(spec: RunSpec, for_submit: bool) -> list[Finding]:
     out: list[Finding] = []
     if "wandb" in r.logging.logger and os.environ.get("WANDB_MODE") not in ("offline", "disabled"):
         netrc = Path.home() / ".netrc"
-        has_key = bool(os.environ.get("WANDB_API_KEY")) or (netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore"))
+        try:
+            has_key = bool(os.environ.get("WANDB_API_KEY")) or (netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore"))
+        except OSError as exc:
+            out.append((error if for_submit else warning)("logging.logger", f"W&B credentials: {cannot_read(netrc, exc)}",
+                                                          "`chmod 600 ~/.netrc` (it must be yours), or export WANDB_API_KEY"))
+            return out
         if not has_key:
             make = error if for_submit else warning
             out.append(make("logging.logger", "W&B is on but no credentials were found (WANDB_API_KEY or ~/.netrc): "

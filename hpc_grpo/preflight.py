@@ -22,7 +22,7 @@ import pwd
 from collections.abc import Callable
 from pathlib import Path
 
-from hpc_grpo.findings import Finding, Severity, error, info, warning
+from hpc_grpo.findings import READ_FIX, Finding, Severity, cannot_read, error, info, warning
 from hpc_grpo.models import ModelShape
 from hpc_grpo.plan import check_disk
 from hpc_grpo.spec import RunSpec
@@ -108,10 +108,15 @@ def read_columns(path: Path) -> tuple[list[str] | None, str]:
             return None, "pyarrow is not installed, so the parquet columns were not read"
         try:
             return list(pq.read_schema(path).names), "parquet footer"
+        except OSError as exc:  # pyarrow's IOError for a file it may not open
+            return None, cannot_read(path, exc)
         except Exception as exc:  # pyarrow raises ArrowInvalid and OSError kinds for a broken file
             return None, f"not a readable parquet file ({exc})"
-    with path.open("rb") as fh:
-        first = fh.readline(1 << 20).strip()
+    try:
+        with path.open("rb") as fh:
+            first = fh.readline(1 << 20).strip()
+    except OSError as exc:
+        return None, cannot_read(path, exc)
     try:
         row = json.loads(first) if first else None
     except ValueError as exc:
@@ -128,6 +133,11 @@ def check_data(spec: RunSpec, make: Make) -> list[Finding]:
     need = DATA_COLUMNS[spec.recipe.engine]
     for key in ("train_files", "val_files"):
         path = Path(getattr(spec.recipe.data, key))
+        if path.is_dir():
+            out.append(make(f"data.{key}", f"{path} is a folder, not a data file",
+                            f"point data.{key} at the {'.parquet' if spec.recipe.engine == 'verl' else '.jsonl'} file "
+                            "inside it"))
+            continue
         if not path.is_file():
             command = "`hpc-grpo data gsm8k --out DIR`" if "gsm8k" in str(path) else \
                 "the `hpc-grpo data` command of its task (`hpc-grpo data --help`)"
@@ -137,7 +147,9 @@ def check_data(spec: RunSpec, make: Make) -> list[Finding]:
         cols, how = read_columns(path)
         if cols is None:
             sev = info if how.startswith("pyarrow") else make
-            out.append(sev(f"data.{key}", f"{path}: {how}", "" if sev is info else "write it with `hpc-grpo data`"))
+            fix = "" if sev is info else READ_FIX if how.startswith(f"{path} cannot be read") else \
+                "write it with `hpc-grpo data`"
+            out.append(sev(f"data.{key}", how if how.startswith(str(path)) else f"{path}: {how}", fix))
             continue
         missing = [" or ".join(alts) for alts in need if not any(c in cols for c in alts)]
         if missing:

@@ -16,7 +16,19 @@ from pydantic import ValidationError
 
 from hpc_grpo import __version__, registry
 from hpc_grpo.engines.verl_keys import is_engine_key, real_key_for
-from hpc_grpo.spec import Cluster, Recipe, RunSpec, Setup, check_name, default_run_name, validation_error
+from hpc_grpo.spec import (
+    ACCEPTED_ALIASES,
+    Cluster,
+    Recipe,
+    RunSpec,
+    Setup,
+    canonical_key,
+    check_name,
+    default_run_name,
+    secret_error,
+    secret_in,
+    validation_error,
+)
 from hpc_grpo.yamlio import SpecError, load_yaml_file, parse_scalar
 
 DEFAULT_CLUSTER = "local"
@@ -39,11 +51,32 @@ def _origins(path: Path, lines: dict[str, int]) -> dict[str, str]:
     return {key: f"{path}:{line}" for key, line in lines.items()}
 
 
+def _rename_aliases(data: dict[str, Any], where: dict[str, str]) -> None:
+    """Rename accepted old key names in one file's data to their new names (spec.ACCEPTED_ALIASES), before files
+    are merged, so a recipe's `keep` overrides its parent's `keep_last` as `keep_last` would."""
+    for alias, target in ACCEPTED_ALIASES.items():
+        *parents, last = alias.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or last not in node:
+            continue
+        new_last = target.rsplit(".", 1)[-1]
+        if new_last in node:
+            raise SpecError(f"set twice, as '{alias}' (the old name) and '{target}': keep only '{target}'",
+                            key=target, where=where.get(alias, ""))
+        node[new_last] = node.pop(last)
+        if alias in where:
+            where[target] = where.pop(alias)
+
+
 def load_raw(kind: str, name: str, chain: tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, str]]:
     """Raw data of a recipe/cluster with `extends:` applied, and where each key was set."""
     path = registry.find(kind, name)
     data, lines = load_yaml_file(path)
     where = _origins(path, lines)
+    if kind == "recipes":
+        _rename_aliases(data, where)
     parent = data.pop("extends", None)
     if parent is None:
         return data, where
@@ -94,6 +127,9 @@ def split_overrides(overrides: list[str]) -> tuple[list[tuple[str, Any]], list[t
                 key=key,
             )
         value = parse_scalar(raw)
+        secret = secret_in(key, value)
+        if secret:
+            raise secret_error(secret)
         if key.startswith("passthrough."):
             passthrough[key.removeprefix("passthrough.")] = value
         elif key.startswith("cluster."):
@@ -125,6 +161,7 @@ def resolve_spec(
 
     rdata, rwhere = load_raw("recipes", recipe)
     for key, value in recipe_items:
+        key = canonical_key(key)
         if key in ("name", "extends"):
             raise SpecError(f"'{key}' cannot be overridden from the command line", key=key)
         _set_dotted(rdata, key, value, "command line")

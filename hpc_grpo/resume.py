@@ -20,7 +20,7 @@ from typing import Any
 from hpc_grpo import checkpoints as ck
 from hpc_grpo import runs
 from hpc_grpo.export import export_dir
-from hpc_grpo.spec import RunSpec
+from hpc_grpo.spec import RunSpec, canonical_key, redact, secret_error, secret_in
 from hpc_grpo.yamlio import SpecError, parse_scalar
 
 DONE_FILE = runs.DONE_FILE
@@ -82,6 +82,9 @@ def check_override(item: str, force: bool) -> tuple[str, Any, bool]:
         raise _bad(item, item, "an override is key=value", "example: resources.time=02:00:00")
     key, raw = item.split("=", 1)
     key = key.strip()
+    secret = secret_in(key, parse_scalar(raw))
+    if secret:
+        raise secret_error(secret)
     free = key.startswith(FREE_PREFIXES) or key in FREE_KEYS
     if not free and not force:
         raise _bad(key, raw, "resume changes only resources.* and time limits (" + ", ".join(FREE_KEYS)
@@ -100,7 +103,7 @@ def apply_overrides(spec: RunSpec, items: list[str], force: bool) -> tuple[RunSp
     forced: list[str] = []
     for item in items:
         key, value, is_forced = check_override(item, force)
-        target = key.removeprefix("cluster.") if key.startswith("cluster.") else key
+        target = key.removeprefix("cluster.") if key.startswith("cluster.") else canonical_key(key)
         section = data["cluster"] if key.startswith("cluster.") else data["recipe"]
         if key.startswith("passthrough."):
             section.setdefault("passthrough", {})[key.removeprefix("passthrough.")] = value
@@ -117,7 +120,7 @@ def apply_overrides(spec: RunSpec, items: list[str], force: bool) -> tuple[RunSp
         if isinstance(exc, ValidationError):
             err = exc.errors()[0]
             loc = ".".join(str(p) for p in err["loc"][1:]) if err["loc"] else ""
-            raise SpecError(f"{err['msg']} (value {err.get('input')!r}); fix the override", key=loc) from None
+            raise SpecError(f"{err['msg']} (value {redact(err.get('input'))!r}); fix the override", key=loc) from None
         raise
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc_grpo.ckpt_size import CheckpointSize, checkpoint_size
-from hpc_grpo.findings import Finding, info, warning
+from hpc_grpo.findings import Finding, cannot_read, info, warning
 from hpc_grpo.models import ModelShape
 from hpc_grpo.spec import RunSpec
 
@@ -47,21 +47,25 @@ STARTUP_S = 300  # Ray start, model load, vLLM init and graph capture before ste
 def dataset_rows(path: str) -> tuple[int | None, str]:
     """Rows of a data file and where the number came from (parquet footer, jsonl lines, known table)."""
     p = Path(path)
+    unread = f"{p} is not readable here"
     if p.is_file():
-        if p.suffix == ".parquet":
-            try:
-                import pyarrow.parquet as pq
-            except ImportError:
-                pass
-            else:
-                return pq.ParquetFile(p).metadata.num_rows, f"parquet footer of {p}"
-        elif p.suffix in (".jsonl", ".json"):
-            with p.open("rb") as fh:
-                return sum(1 for line in fh if line.strip()), f"lines of {p}"
+        try:
+            if p.suffix == ".parquet":
+                try:
+                    import pyarrow.parquet as pq
+                except ImportError:
+                    pass
+                else:
+                    return pq.ParquetFile(p).metadata.num_rows, f"parquet footer of {p}"
+            elif p.suffix in (".jsonl", ".json"):
+                with p.open("rb") as fh:
+                    return sum(1 for line in fh if line.strip()), f"lines of {p}"
+        except Exception as exc:  # OSError (permissions, I/O) or pyarrow's ArrowInvalid: the data check names the fix
+            unread = cannot_read(p, exc)
     for (fragment, stem), rows in KNOWN_ROWS.items():
         if fragment in str(p).lower() and p.stem == stem:
             return rows, f"known data set table ({fragment} {stem}: {rows} rows; {p} not read here)"
-    return None, f"{p} is not readable here and is not a known data set"
+    return None, f"{unread} and is not a known data set"
 
 
 def estimate_step_s(spec: RunSpec, shape: ModelShape) -> float:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo.evaluate import Placement
+from hpc_grpo.evaluate import GSM8K_RAW_HINT, Placement
 from hpc_grpo.rewards import gsm8k_reward
 
 # Our task name -> the installed lm-eval YAML it includes, and the name results are reported under.
@@ -59,7 +59,7 @@ def write_task_dir(folder: Path, tasks: list[str], train_file: Path, test_file: 
     for path, what in ((train_file, "train"), (test_file, "test")):
         if not Path(path).is_file():
             raise FileNotFoundError(f"GSM8K {what} file {path} does not exist: set eval.{what}_file to a jsonl with "
-                                    f"question/answer rows (e.g. ../shared/data/gsm8k/{what}.jsonl)")
+                                    f"question/answer rows ({GSM8K_RAW_HINT.format(split=what)})")
     folder.mkdir(parents=True, exist_ok=True)
     for task in tasks:
         (folder / f"{task}.yaml").write_text(task_yaml(task, Path(train_file), Path(test_file)))

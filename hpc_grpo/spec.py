@@ -23,6 +23,47 @@ SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:@+=-]+\Z")
 PATH_RE = re.compile(r"^[A-Za-z0-9_./@%+=:,~-]+\Z")
 
 
+SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+HIDDEN = "<hidden>"
+
+
+def secret_in(key: str, value: Any = None) -> str | None:
+    """The dotted path of a secret in `key=value` (its last key, or a key inside a mapping value), else None.
+
+    Anything typed as a setting is written into spec.yaml and the job scripts: a secret there is readable by
+    everyone who can read the run directory, so the names in SECRET_ENV are refused at any depth."""
+    if key.lstrip("+~").rsplit(".", 1)[-1].upper() in SECRET_ENV:
+        return key
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = secret_in(f"{key}.{k}" if key else str(k), v)
+            if found:
+                return found
+    return None
+
+
+def secret_error(path: str) -> SpecError:
+    """The refusal of a secret: names the key and the fix, never the value."""
+    name = path.rsplit(".", 1)[-1].upper()
+    where = ("W&B also reads ~/.netrc, which `wandb login` writes" if name == "WANDB_API_KEY"
+             else "huggingface_hub also reads the token `huggingface-cli login` stores")
+    return SpecError(
+        f"{name} is a secret and cannot be a setting: settings are written into spec.yaml and the job scripts, "
+        f"where anyone who can read the run directory would read it (value not shown). Fix: remove it here and "
+        f"`export {name}=...` in the shell you submit from; the job inherits that environment ({where})",
+        key=path,
+    )
+
+
+def redact(value: Any) -> Any:
+    """`value` for an error message, with the value of every secret key replaced by <hidden>."""
+    if isinstance(value, dict):
+        return {k: HIDDEN if secret_in(str(k)) else redact(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value]
+    return value
+
+
 def check_name(value: str, what: str) -> str:
     """Names become folder and job names: no path separators, no `..`, no shell metacharacters."""
     if not isinstance(value, str) or not NAME_RE.match(value) or ".." in value:
@@ -281,8 +322,8 @@ class Checkpoint(Strict):
     @model_validator(mode="before")
     @classmethod
     def _old_keep(cls, data: Any) -> Any:
-        """`keep: N` (recipes before retention) means keep_last N. When both are set, keep_last wins: an old
-        recipe's `keep` overridden by `checkpoint.keep_last=...` on the command line must take the override."""
+        """`keep: N` (recipes before retention) means keep_last N. Files and overrides are renamed earlier, where
+        precedence is known (resolve, ACCEPTED_ALIASES); here, for data built in code, keep_last wins when both are set."""
         if isinstance(data, dict) and "keep" in data:
             data = dict(data)
             keep = data.pop("keep")
@@ -417,12 +458,15 @@ class Recipe(Strict):
     @field_validator("passthrough")
     @classmethod
     def _passthrough(cls, v: dict[str, Any]) -> dict[str, Any]:
-        for key in v:
+        for key, value in v.items():
             if not PASSTHROUGH_KEY_RE.match(str(key)):
                 raise ValueError(
                     f"{key!r} is not an engine key: use dotted names of letters, digits and '_', "
                     "optionally prefixed by '+' or '++'"
                 )
+            secret = secret_in(str(key), value)
+            if secret:
+                raise ValueError(str(secret_error(secret)))
         return v
 
 
@@ -512,8 +556,8 @@ class Cluster(Strict):
         for key in v:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
-            if key in SECRET_ENV:
-                raise ValueError(f"{key} is a secret: it must come from the job's environment, never a profile")
+            if secret_in(key):
+                raise ValueError(str(secret_error(key)))
         return v
 
     @property
@@ -541,7 +585,6 @@ class Cluster(Strict):
         return Path(expanded).absolute()
 
 
-SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
 # -------------------------------------------------------------------------------------- run spec
@@ -634,6 +677,18 @@ ALIASES = {
 }
 
 
+# Old names that are still accepted (ALIASES above are only suggested): each is renamed to its new name where it is
+# written, a file or the command line, so a value under the old name takes the same precedence as one under the new.
+ACCEPTED_ALIASES = {
+    "checkpoint.keep": "checkpoint.keep_last",
+}
+
+
+def canonical_key(key: str) -> str:
+    """The recipe key an accepted old name stands for (itself for every other key)."""
+    return ACCEPTED_ALIASES.get(key, key)
+
+
 def did_you_mean(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
     dotted = ".".join(map(str, loc))
     if model is Recipe and dotted in ALIASES:
@@ -667,6 +722,7 @@ def validation_error(
             msg = f"required key is missing{origin}"
         else:
             text = str(err["msg"]).removeprefix("Value error, ")
-            msg = f"{text}, got {err.get('input')!r}{origin}"
+            shown = HIDDEN if any(secret_in(str(p)) for p in loc) else redact(err.get("input"))
+            msg = f"{text}, got {shown!r}{origin}"
         parts.append(f"{key}: {msg}")
     return SpecError("\n  ".join(parts), key=first_key)

@@ -31,9 +31,16 @@ def runs_roots() -> list[Path]:
 
 
 def locate_run(run: str | None) -> Path:
-    """A run by path, by name under any runs root, or the newest run when none is given."""
-    if run and Path(run).expanduser().joinpath(runs.SPEC).is_file():
-        return Path(run).expanduser().resolve()
+    """The one way every command finds the run it is given: its folder (a path), its name under any runs root, or
+    the newest run when none is given. Run names hold no '/', so anything with one is a folder."""
+    if run:
+        folder = Path(run).expanduser()
+        if (folder / runs.SPEC).is_file():
+            return folder.resolve()
+        if "/" in run or run.startswith(("~", ".")):
+            why = "does not exist" if not folder.exists() else f"has no {runs.SPEC}, so it is not a run folder"
+            raise SpecError(f"{run!r} {why}: give a run's folder (the one holding its {runs.SPEC}) or its name; "
+                            "`hpc-grpo runs` lists both", key="run")
     found = runs.find_runs(runs_roots())
     if run is None:
         if not found:
@@ -42,7 +49,8 @@ def locate_run(run: str | None) -> Path:
     for path in found:
         if path.name == run:
             return path
-    raise SpecError(f"no run named {run!r} under {', '.join(map(str, runs_roots()))}", key="run")
+    raise SpecError(f"no run named {run!r} under {', '.join(map(str, runs_roots()))}: give its folder or its name "
+                    "(`hpc-grpo runs` lists both)", key="run")
 
 
 @dataclass

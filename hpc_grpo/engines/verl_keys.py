@@ -2,7 +2,7 @@
 
 The field report 000 is what users paste: its flags look like verl's but many are not. Each
 entry maps such a key to what verl really uses, so the error says the fix, not just "unknown".
-Checked against verl 0.9.1 (../shared/design/VERL.md).
+Checked against verl 0.9.1's config (verl/trainer/config/ppo_trainer.yaml and its groups).
 """
 
 from __future__ import annotations

@@ -23,10 +23,12 @@ import re
 import warnings
 from pathlib import Path
 
+from hpc_grpo.atomic import write_text_atomic
 from hpc_grpo.findings import Finding, error
 
 _OVERRIDE_RE = re.compile(r"Could not override '([^']+)'")
 _APPEND_RE = re.compile(r"Could not append to config\. An item is already at '([^']+)'")
+_STRUCT_RE = re.compile(r"Key '([^']+)' is not in struct")
 
 
 def verl_config_dir() -> Path | None:
@@ -92,9 +94,7 @@ def key_tree(config_name: str, config_dir: Path) -> dict[str, str]:
     walk(cfg, "")
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(tree))
-        tmp.replace(cache)
+        write_text_atomic(cache, json.dumps(tree))
     except OSError:
         pass  # a read-only home: compose every time
     return tree
@@ -106,11 +106,14 @@ _SIMPLE_KEY = re.compile(r"^(\+\+|\+)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*\Z
 def accepted_by_tree(overrides: list[str], tree: dict[str, str], config_dir: Path) -> bool:
     """True when Hydra would certainly accept every override (same rules as its struct-mode apply):
     `key=v` needs an existing key, `+key=v` a missing one, `++key=v` either; no parent may be a
-    non-dict. False means "not sure": the caller composes for real."""
+    non-dict. A `{...}` value is never judged here: Hydra merges it into the node and checks its keys in struct mode
+    (`override_config={attn_implementation:eager}` is refused there); a `[...]` value only replaces a list.
+    False means "not sure": the caller composes for real."""
     groups = {p.name for p in config_dir.iterdir() if p.is_dir()}
     for item in overrides:
         key, sep, value = item.partition("=")
-        if not sep or not _SIMPLE_KEY.match(key) or "${" in value:
+        shape = "dict" if value.lstrip().startswith("{") else "list" if value.lstrip().startswith("[") else "value"
+        if not sep or not _SIMPLE_KEY.match(key) or "${" in value or shape == "dict":
             return False
         bare = key.lstrip("+")
         if "." not in bare and bare in groups:
@@ -124,12 +127,14 @@ def accepted_by_tree(overrides: list[str], tree: dict[str, str], config_dir: Pat
                 return False
         kind = tree.get(bare)
         if key.startswith("++"):
+            if kind not in (None, shape):
+                return False
             continue
         if key.startswith("+"):
             if kind is not None:
                 return False
             continue
-        if kind is None or (kind == "dict" and not value.startswith("{")):
+        if kind != shape:  # missing, or a value of another shape than the node's
             return False
     return True
 
@@ -169,8 +174,14 @@ def hydra_compose_check(config_name: str, overrides: list[str], config_dir: Path
                 culprit = next((o for o in remaining if o.split("=", 1)[0] in text), None)
             first_line = text.strip().splitlines()[0]
             key = bad or (culprit.split("=", 1)[0] if culprit else config_name)
+            struct = _STRUCT_RE.search(f"{text}\n{exc.__cause__ or ''}")  # Hydra chains OmegaConf's reason
+            if struct:  # a {...} value with a key the node lacks: Hydra names it on a later line
+                first_line += f" {struct.group(0)}"
             if m and _APPEND_RE.search(text):
                 fix = f"use ++{bad}=... to overwrite an existing key, or drop the '+'"
+            elif m and struct:
+                fix = (f"add the new key on its own with a '+': +{bad}.{struct.group(1)}=... (one override per new key), "
+                       "or check its spelling against verl's config")
             elif m:
                 fix = f"check the spelling against verl's config, or use +{bad}=... to add a new key on purpose"
             else:

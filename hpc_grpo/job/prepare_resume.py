@@ -26,13 +26,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc_grpo import checkpoints as ck
 from hpc_grpo import runs
+from hpc_grpo.atomic import write_text_atomic
 from hpc_grpo.job.job_env import job_identity, restart_count
 
 if TYPE_CHECKING:
@@ -141,18 +141,7 @@ def _read_tracker(run_dir: Path) -> str:
 
 def _write_tracker(run_dir: Path, step: int) -> None:
     """Atomic (verl writes it with a plain open("w"), which a crash leaves empty)."""
-    folder = ck.checkpoint_dir(run_dir)
-    fd, tmp = tempfile.mkstemp(prefix=f".{ck.TRACKER}.", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(str(step))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, folder / ck.TRACKER)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(ck.checkpoint_dir(run_dir) / ck.TRACKER, str(step))
 
 
 def prepare_for_job(spec_path: Path, args_out: Path | None = None) -> list[str] | None:

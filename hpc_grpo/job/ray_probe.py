@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from hpc_grpo.atomic import write_text_atomic
+
 
 def probe() -> dict:
     import ray
@@ -87,9 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out) if a.out else Path(os.environ.get("HPC_GRPO_RUN_DIR", ".")) / "probe.json"
     result = probe()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(out)
+    write_text_atomic(out, json.dumps(result, indent=2) + "\n")
     print(f"hpc-grpo probe: {result['nodes_alive']} node(s), {result['gpus_total']} GPU(s): "
           f"{sorted(n['NodeManagerAddress'] for n in result['nodes'])}", flush=True)
     if a.sleep:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hpc_grpo.atomic import write_text_atomic
 from hpc_grpo.job.ray_start import port_open
 
 POLL_S = 0.1
@@ -141,9 +142,7 @@ def missing_nodes(expect: list[str], joined: set[str]) -> list[str]:
 def _write_marker(path: Path, data: dict) -> None:
     """When every node had joined (epoch seconds), for benchmarks and post-mortems; written atomically."""
     try:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(data) + "\n")
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps(data) + "\n")
     except OSError as exc:  # a marker must never fail the job
         _log(f"could not write {path}: {exc}", err=True)
 

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.atomic import write_text_atomic
+
 MARKER = "signal_save.json"
 REQUEST = "save_request"
 ATTEMPT_ENV = "HPC_GRPO_ATTEMPT"
@@ -75,9 +77,7 @@ class SaveOnSignal:
         self.saved_step = step
         data = {"step": step, "checkpoint": checkpoint, "signal_at": self.requested_at, "saved_at": time.time(),
                 "pid": os.getpid(), "held_sigterm": self.held_sigterm}
-        tmp = run_dir / f".{MARKER}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
-        os.replace(tmp, run_dir / MARKER)
+        write_text_atomic(run_dir / MARKER, json.dumps(data) + "\n")
         return data
 
 
@@ -99,9 +99,7 @@ def read_request(run_dir: Path) -> dict[str, Any] | None:
 
 def write_request(run_dir: Path, attempt: str) -> None:
     """Ask the training process of `attempt` to save at its next step end (atomic: it polls the file)."""
-    tmp = run_dir / f".{REQUEST}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"attempt": attempt, "time": time.time()}) + "\n", encoding="utf-8")
-    os.replace(tmp, run_dir / REQUEST)
+    write_text_atomic(run_dir / REQUEST, json.dumps({"attempt": attempt, "time": time.time()}) + "\n")
 
 
 def callback(state: SaveOnSignal) -> Any:

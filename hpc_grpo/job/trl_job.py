@@ -20,13 +20,13 @@ import math
 import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from hpc_grpo import checkpoints as ck
 from hpc_grpo import runs
+from hpc_grpo.atomic import write_text_atomic as write_atomic
 from hpc_grpo.checkpoints import Checkpoint
 from hpc_grpo.engines.metrics import METRICS_FILE, parse_record
 from hpc_grpo.engines.trl import checkpoint_dir, grpo_config_kwargs, lora_config_kwargs
@@ -65,24 +65,6 @@ def log(message: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ run dir state
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temp file and os.replace, so a kill never leaves half a file behind. The mode
-    follows the umask (mkstemp's 0600 would hide the file from a group sharing the run dir)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_json_atomic(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 

@@ -88,7 +88,7 @@ def test_task_yaml_includes_installed_lm_eval_task_and_local_files(tmp_path: Pat
 def test_missing_data_file_names_the_key(tmp_path: Path) -> None:
     train = tmp_path / "train.jsonl"
     train.write_text("{}\n")
-    with pytest.raises(FileNotFoundError, match=r"nope.jsonl does not exist: set eval.test_file .*gsm8k/test.jsonl"):
+    with pytest.raises(FileNotFoundError, match=r"nope.jsonl does not exist: set eval.test_file .*`hpc-grpo data gsm8k`"):
         scoring.write_task_dir(tmp_path / "t", ["gsm8k"], train, tmp_path / "nope.jsonl")
 
 
