@@ -4,10 +4,10 @@ executor. The submitting HOME holds a stray ~/.ray/auth_token, as a driver that 
 main_ppo with ray_init.address=local) leaves behind on a shared home: every Ray of the job must still agree on one
 authentication mode (hpc_grpo.job.node_plan.auth_mode), or the driver dies on "InvalidAuthToken".
 
-Needs the full verl stack (.venv-verl: HPC_GRPO_VERL_VENV, else <repo>/.venv-verl, else ../main/.venv-verl), the
-tiny model and the GSM8K files (HPC_GRPO_TINY_MODEL / HPC_GRPO_VERL_DATA, else the developer's defaults); skipped
-without them. The job runs this checkout's hpc_grpo (PYTHONPATH), whatever the venv has installed. A few minutes
-on 2 cores.
+Needs the full verl stack (.venv-verl: HPC_GRPO_VERL_VENV, else <repo>/.venv-verl; `bash tools/setup-env.sh verl`):
+skipped without it, and failed under CI=true. The test builds the tiny model and verl's GSM8K files itself (from
+../shared/data/gsm8k beside the checkout). The job runs this checkout's hpc_grpo (PYTHONPATH), whatever the venv has
+installed. A few minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -22,29 +22,29 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-VENVS = [Path(os.environ["HPC_GRPO_VERL_VENV"])] if os.environ.get("HPC_GRPO_VERL_VENV") else [
-    REPO / ".venv-verl", REPO.parent / "main" / ".venv-verl"]
-MODEL = Path(os.environ.get("HPC_GRPO_TINY_MODEL", Path.home() / ".cache" / "hpc-grpo" / "tiny-qwen2"))
-DATA = Path(os.environ.get("HPC_GRPO_VERL_DATA", Path.home() / "hpc-grpo-data" / "gsm8k" / "verl"))
+VENV = Path(os.environ.get("HPC_GRPO_VERL_VENV") or REPO / ".venv-verl")
+GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 STRAY_TOKEN = "stray-token-from-an-earlier-local-ray-0123456789abcdef"
 LOG_TS = re.compile(r"^hpc-grpo: \[(\d+\.\d+)\] (.*)$", re.M)
 
 
 def _venv() -> Path:
-    found = next((v for v in VENVS if (v / "bin" / "python").exists()), None)
-    missing = [str(p) for p in (MODEL, DATA / "train.parquet") if not p.exists()]
-    if found is None or missing:
-        msg = f"needs .venv-verl (looked at {', '.join(map(str, VENVS))}), the tiny model and GSM8K: missing " \
-              f"{', '.join(missing) or 'the venv'}"
+    if not (VENV / "bin" / "python").exists():
+        msg = f"needs the full verl stack at {VENV} (bash tools/setup-env.sh verl)"
         if os.environ.get("CI") == "true":
             pytest.fail(msg, pytrace=False)
         print(f"SKIP: {msg}")
         pytest.skip(msg)
-    return found
+    return VENV
 
 
 def test_tiny_verl_trains_on_cluster_local_despite_a_stray_ray_token(tmp_path: Path) -> None:
     venv = _venv()
+    from hpc_grpo.data import prepare_gsm8k
+    from hpc_grpo.tiny_model import ensure_tiny_model
+
+    model = ensure_tiny_model(tmp_path / "models" / "tiny-qwen2")
+    data = prepare_gsm8k(GSM8K, tmp_path / "data")
     home = tmp_path / "home"
     (home / ".ray").mkdir(parents=True)
     token = home / ".ray" / "auth_token"
@@ -55,8 +55,8 @@ def test_tiny_verl_trains_on_cluster_local_despite_a_stray_ray_token(tmp_path: P
     env.update(HOME=str(home), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     run = tmp_path / "runs" / "tv"
     argv = [sys.executable, "-m", "hpc_grpo.cli", "submit", "recipe=tiny-verl", "cluster=local",
-            f"cluster.setup.venv={venv}", f"cluster.runs_root={tmp_path / 'runs'}", f"model.path={MODEL}",
-            f"data.train_files={DATA / 'train.parquet'}", f"data.val_files={DATA / 'test.parquet'}",
+            f"cluster.setup.venv={venv}", f"cluster.runs_root={tmp_path / 'runs'}", f"model.path={model}",
+            f"data.train_files={data.verl_train}", f"data.val_files={data.verl_test}",
             "train.total_training_steps=2", "eval.enabled=false", "--name", "tv", "--wait"]
     proc = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=1500,
                           stdin=subprocess.DEVNULL, check=False)
