@@ -325,6 +325,20 @@ def print_would_queue(spec: Any, files: dict[str, str]) -> None:
         out.out(files[EVAL_SCRIPT], end="")
 
 
+def _print_from(path: Path, pos: int) -> int:
+    """Print what a log gained since byte `pos` (the log-follow loops of submit --wait and logs -f); the new end."""
+    if not path.is_file():
+        return pos
+    with open(path, errors="replace") as handle:
+        handle.seek(pos)
+        chunk = handle.read()
+        pos = handle.tell()
+    if chunk:
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+    return pos
+
+
 def wait_for(submission: Any) -> int:
     """Follow a job to its end, echoing its log, then print the run's status and training summary."""
     import time
@@ -335,14 +349,7 @@ def wait_for(submission: Any) -> int:
     pos = 0
     job = submission.job
     while True:
-        if log.exists():
-            with open(log, errors="replace") as handle:
-                handle.seek(pos)
-                chunk = handle.read()
-                pos = handle.tell()
-            if chunk:
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
+        pos = _print_from(log, pos)
         if job.done():
             break
         time.sleep(1.0)
@@ -527,14 +534,7 @@ def logs(
     err.print(f"log: {path}")
     pos, next_check = 0, 0.0
     while True:
-        if path.is_file():
-            with open(path, errors="replace") as handle:
-                handle.seek(pos)
-                chunk = handle.read()
-                pos = handle.tell()
-            if chunk:
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
+        pos = _print_from(path, pos)
         if not follow:
             break
         if time.monotonic() >= next_check:
