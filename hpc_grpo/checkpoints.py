@@ -65,11 +65,6 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / CHECKPOINTS
 
 
-def folder_name(engine: str, step: int) -> str:
-    """The folder an engine writes for a step: global_step_N (verl) or checkpoint-N (trl)."""
-    return f"global_step_{step}" if engine == "verl" else f"checkpoint-{step}"
-
-
 # ------------------------------------------------------------------------------------ single files
 def file_is_whole(path: Path) -> tuple[bool, str]:
     """Whether one file was written to its end, judged without loading it.
@@ -214,12 +209,6 @@ def quarantine(run_dir: Path, ckpt: Checkpoint) -> Path:
             raise
         shutil.move(str(ckpt.path), str(target))  # checkpoints/ on another filesystem: copy, then remove
     return target
-
-
-def quarantined(run_dir: Path) -> list[Path]:
-    """What sits in the quarantine folder (for status and prune: never a resume candidate)."""
-    q = Path(run_dir) / QUARANTINE_DIR
-    return sorted(q.iterdir()) if q.is_dir() else []
 
 
 # ------------------------------------------------------------------------------------ internals

@@ -29,7 +29,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -229,7 +229,3 @@ def make_trl_code_reward(weights: RewardWeights = RewardWeights(), workers: int 
 
     code_exec.__name__ = "code_exec"
     return code_exec
-
-
-def weights_dict(weights: RewardWeights) -> dict[str, Any]:
-    return asdict(weights)

@@ -514,13 +514,6 @@ def prune_run(run_dir: Path, engine: str, policy: Policy, *, dry_run: bool = Fal
         return result
 
 
-def engine_of(run_dir: Path) -> str:
-    """The run's engine from its frozen spec."""
-    from hpc_grpo.resolve import load_frozen
-
-    return load_frozen(Path(run_dir) / "spec.yaml").recipe.engine
-
-
 def fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

@@ -279,7 +279,7 @@ def _check_data(spec: RunSpec) -> list[Finding]:
     out: list[Finding] = []
     if not d.train_files.endswith(TRAIN_SUFFIXES):
         out.append(error("data.train_files", f"{d.train_files!r} is not a .jsonl, .json or .parquet file",
-                         "prepare the data with `hpc-grpo data prepare` and use its trl/train.jsonl"))
+                         "prepare the data with `hpc-grpo data gsm8k` (or `hpc-grpo data codegen`) and use its trl/train.jsonl"))
     if not d.filter_overlong_prompts and d.truncation != "error":
         out.append(warning("data.truncation", f"trl cannot truncate chat prompts ('{d.truncation}'): prompts longer "
                            f"than data.max_prompt_length={d.max_prompt_length} are kept whole",
