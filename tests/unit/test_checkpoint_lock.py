@@ -96,8 +96,9 @@ def test_live_holder_is_not_taken_over(tmp_path: Path, holder: str) -> None:
 def test_release_leaves_a_lock_taken_over_by_someone_else(tmp_path: Path) -> None:
     with runs.checkpoint_lock(tmp_path, timeout_s=5):
         taker = tmp_path / "taker"
-        taker.write_text(json.dumps({"host": "node-elsewhere", "pid": 7, "token": "taker", "expires": time.time() + 60}))
-        os.replace(taker, tmp_path / runs.CHECKPOINT_LOCK)
+        taker.mkdir()
+        _write_holder(taker, "node-elsewhere", 7, time.time() + 60, token="taker")  # a takeover: a new file there
+        os.replace(taker / runs.CHECKPOINT_LOCK, tmp_path / runs.CHECKPOINT_LOCK)
     assert json.loads((tmp_path / runs.CHECKPOINT_LOCK).read_text())["token"] == "taker"
     assert not list(tmp_path.glob("*.aside"))
 
