@@ -6,7 +6,8 @@ that would die minutes in, or pend forever, is refused with nothing queued and n
   compute nodes are `offline`;
 - data: train/val files exist and carry the columns the engine reads (parquet footer via pyarrow, or the first jsonl
   line; never the data itself);
-- runs root: exists or can be created, is writable, has room for the checkpoints kept plus one being written, and for
+- runs root: exists or can be created, is writable, has room for the checkpoints kept plus one being written, says
+  what the checkpoint lock uses on Lustre/NFS (from /proc/mounts: nothing is written), and for
   nodes > 1 lies under one of the profile's `shared_paths` (node-local folders such as /tmp: verl #625, every rank
   writes its own shard and the shards must meet in one folder);
 - Slurm (through hpc_grpo.slurm only): MaxTime, nodes with the GPUs/CPUs/memory asked (GRES), account and qos in
@@ -174,6 +175,44 @@ def node_local(path: Path) -> str | None:
     return str(hit) if hit else None
 
 
+def mount_of(path: Path, mounts: Path = Path("/proc/mounts")) -> tuple[str, str, str] | None:
+    """(mount point, filesystem type, options) of the mount holding `path`, from the mount table; None unread."""
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best: tuple[str, str, str] | None = None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best[0])):  # the deepest; the last of equals (overmounts)
+            best = (point, fields[2], fields[3])
+    return best
+
+
+def check_lock_filesystem(root: Path, existing: Path, mounts: Path = Path("/proc/mounts")) -> list[Finding]:
+    """Say what the checkpoint lock relies on where flock may not work across nodes (Lustre, NFS). Read from
+    the mount table, not probed: plan writes nothing, and the runs root may not exist yet."""
+    mount = mount_of(existing, mounts)
+    if mount is None:
+        return []
+    point, fstype, options = mount
+    if fstype != "lustre" and not fstype.startswith("nfs"):
+        return []
+    flock = ""
+    if fstype == "lustre":
+        opts = options.split(",")
+        flock = (", flock" if "flock" in opts else ", localflock: flock is per node" if "localflock" in opts
+                 else ", no flock")
+    return [info("cluster.runs_root", f"runs root {root} is on {fstype} ({point}{flock}): the run's checkpoint "
+                 "lock (saves, prune, resume preparation, reader leases) is a lock file created with O_EXCL and "
+                 "a lease its holder refreshes, not flock, so it holds across nodes there")]
+
+
 def check_runs_root(spec: RunSpec, shape: ModelShape | None, make: Make) -> list[Finding]:
     c, r = spec.cluster, spec.recipe
     root = c.runs_root_path()
@@ -186,6 +225,7 @@ def check_runs_root(spec: RunSpec, shape: ModelShape | None, make: Make) -> list
         verb = "is not writable" if existing == root else f"cannot be created ({existing} is not writable)"
         return [make("cluster.runs_root", f"runs root {root} {verb}", "set cluster.runs_root to a folder you can write")]
     out += check_disk(spec, shape, existing, make)
+    out += check_lock_filesystem(root, existing)
     if r.resources.nodes > 1:
         shared = c.shared_path_list()
         if _under(root, shared):

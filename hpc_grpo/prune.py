@@ -10,7 +10,7 @@ it changes a verdict (newest first until keep_last complete ones are found, mile
 a checkpoint that goes either way is not opened, which keeps listing 1,000 checkpoints fast. Resume
 preparation does not use this module and always checks in full.
 
-Files in RUN_DIR: leases/step_N.HOST.PID.lease (readers: evaluation, export), .checkpoint.lock.
+Files in RUN_DIR: leases/step_N.HOST.PID.lease (readers: evaluation, export), .checkpoints.lock (while held).
 """
 
 from __future__ import annotations

@@ -13,8 +13,12 @@ import hashlib
 import json
 import os
 import re
+import socket
+import sys
+import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +105,8 @@ def job_ids(run_dir: Path) -> list[str]:
 def _pid_alive(pid: str) -> bool:
     try:
         os.kill(int(pid), 0)
+    except PermissionError:
+        return True  # alive, another user's
     except (OSError, ValueError):
         return False
     return True
@@ -139,35 +145,144 @@ def submit_lock(run_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# The checkpoint lock's lease: a holder rewrites its expiry every LEASE_S / 4 while it holds the lock, so a record
+# whose expiry passed belongs to a holder that is gone (or cut off) on another node. Generous against clock skew.
+LEASE_S = 120.0
+_HOST = socket.gethostname()
+
+
+@dataclass(frozen=True, slots=True)
+class LockHolder:
+    """What a checkpoint lock file says about its holder. `ident` is the token, or for a record that cannot be
+    parsed (being written, or a file of the flock era: "HOST pid N") the file's inode and mtime."""
+
+    host: str
+    pid: int
+    ident: str
+    expires: float
+
+    def stale(self, now: float) -> bool:
+        """Gone: on this host the pid decides (a live pid is a holder, even one too busy to refresh); elsewhere,
+        where no pid can be asked, an expired lease."""
+        if self.host == _HOST and self.pid > 0:
+            return not _pid_alive(str(self.pid))
+        return now > self.expires
+
+    def __str__(self) -> str:
+        return f"{self.host or 'unknown host'} pid {self.pid or '?'}"
+
+
+def _read_holder(path: Path) -> LockHolder:
+    """The record in a lock file; raises FileNotFoundError when it is gone."""
+    st = os.stat(path)
+    text = path.read_bytes().decode(errors="replace")
+    try:
+        rec = json.loads(text)
+        return LockHolder(str(rec["host"]), int(rec["pid"]), str(rec["token"]), float(rec["expires"]))
+    except (ValueError, KeyError, TypeError):
+        legacy = re.match(r"(\S+) pid (\d+)", text.strip())
+        host, pid = (legacy[1], int(legacy[2])) if legacy else ("", 0)
+        return LockHolder(host, pid, f"inode {st.st_ino} mtime {st.st_mtime_ns}", st.st_mtime + LEASE_S)
+
+
+def _record(token: str) -> bytes:
+    return json.dumps({"host": _HOST, "pid": os.getpid(), "token": token, "expires": time.time() + LEASE_S}).encode()
+
+
+def _write_record(fd: int, token: str) -> None:
+    """Rewrite the holder's own file through its descriptor: never another holder's, even after a takeover."""
+    data = _record(token)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+    os.fsync(fd)  # NFS: the new expiry reaches the server, where waiters on other nodes read it
+
+
+def _remove_if(path: Path, judge: Callable[[LockHolder], bool]) -> bool:
+    """Remove the lock file if its holder passes `judge`. The file is renamed aside first (rename is atomic on
+    NFS and Lustre, so of two callers only one moves it) and judged there, so the judgement and the removal
+    concern one file, never a lock someone created meanwhile; a file that fails the judgement is put back.
+    Returns whether it was removed."""
+    try:
+        if not judge(_read_holder(path)):
+            return False  # not even moved: the common case of a lock that passed to someone else
+    except FileNotFoundError:
+        return False
+    aside = path.with_name(f"{path.name}.{uuid.uuid4().hex}.aside")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return False
+    try:
+        if judge(_read_holder(aside)):
+            return True
+        try:
+            os.link(aside, path)  # back where it was, unless a new lock was created in the moment it was away
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links
+            os.rename(aside, path)
+        return False
+    finally:
+        aside.unlink(missing_ok=True)
+
+
 @contextmanager
 def checkpoint_lock(run_dir: Path, timeout_s: float = 600.0) -> Iterator[None]:
-    """The run's one lock for checkpoint mutations: resume preparation (quarantine, tracker repair) and
-    pruning hold it, so a prune never removes what a starting job is about to resume from.
+    """The run's one lock for checkpoint mutations: resume preparation (quarantine, tracker repair), saves,
+    pruning and reader leases hold it, so a prune never removes what a starting job is about to resume from.
 
-    flock on RUN_DIR/.checkpoints.lock: held by an open file, so a killed holder never leaves it stuck.
-    Raises TimeoutError after timeout_s (a stuck holder is named by the file's content: host and pid).
+    A lock file, RUN_DIR/.checkpoints.lock, created with O_CREAT|O_EXCL (atomic on local disks, NFSv3+ and
+    Lustre) and holding host, pid, a token and a lease expiry that a thread refreshes while the lock is held.
+    No flock: Lustre mounted without it and some NFS setups refuse it (ENOLCK) or lock within one node only,
+    while prune, resume preparation and saves run on different nodes; a second, flock-based path would only
+    add a mode whose exclusion differs by mount. A waiter takes over a dead holder's file (this host, pid gone)
+    or an expired lease (another host) through _remove_if, then competes for O_EXCL like any other waiter, so
+    two waiters never both win. Release removes the file only while it still holds this holder's token.
+    Raises TimeoutError after timeout_s, naming the holder (host and pid).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / CHECKPOINT_LOCK
+    token = uuid.uuid4().hex
     deadline = time.monotonic() + timeout_s
-    with open(run_dir / CHECKPOINT_LOCK, "a+") as handle:
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    handle.seek(0)
-                    holder = handle.read().strip() or "unknown"
-                    raise TimeoutError(f"{run_dir / CHECKPOINT_LOCK} is held by {holder} for more than {timeout_s:.0f} s")
-                time.sleep(0.05)
+    pause = 0.02
+    while True:
         try:
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"{os.uname().nodename} pid {os.getpid()}\n")
-            handle.flush()
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            break
+        except FileExistsError:
+            pass
+        try:
+            holder = _read_holder(path)
+        except FileNotFoundError:
+            continue  # released meanwhile: try again at once
+        if holder.stale(time.time()) and _remove_if(path, lambda h: h.ident == holder.ident and h.stale(time.time())):
+            continue  # taken away from a gone holder: now compete for O_EXCL
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{path} is held by {holder} for more than {timeout_s:.0f} s (a holder on another "
+                               f"host counts as gone {LEASE_S:.0f} s after its last lease refresh)")
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.5)
+    stop = threading.Event()
+    refresher = threading.Thread(target=_refresh, args=(fd, token, stop), name="checkpoint-lock-lease", daemon=True)
+    try:
+        _write_record(fd, token)
+        refresher.start()
+        yield
+    finally:
+        stop.set()
+        if refresher.is_alive():
+            refresher.join()
+        os.close(fd)
+        _remove_if(path, lambda h: h.ident == token)
+
+
+def _refresh(fd: int, token: str, stop: threading.Event) -> None:
+    """Keep the lease of a held lock fresh, so waiters on other hosts see a live holder however long it holds."""
+    while not stop.wait(LEASE_S / 4):
+        try:
+            _write_record(fd, token)
+        except OSError as exc:  # the next refresh may succeed; the lease covers a few missed ones
+            print(f"hpc-grpo: checkpoint lock lease refresh failed: {exc}", file=sys.stderr, flush=True)
 
 
 def refuse_if_live(run_dir: Path) -> None:

@@ -288,3 +288,18 @@ def test_parse_node_shapes_and_config_and_assoc() -> None:
     assert slurm.parse_config_value("Foo = 1\n", "ClusterName") is None
     assert slurm.parse_assoc("root|normal\nproj|normal,high\n|\n") == [("root", ["normal"]), ("proj", ["normal", "high"]),
                                                                      ("", [])]
+
+
+def test_lock_filesystem_read_from_the_mount_table(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text("rootfs / ext4 rw 0 0\n"
+                      "mds@o2ib:/scratch /lus\\040tre lustre rw,localflock 0 0\n"
+                      "srv:/home /home nfs4 rw,vers=4.2 0 0\n")
+    assert preflight.mount_of(Path("/lus tre/u/runs"), mounts) == ("/lus tre", "lustre", "rw,localflock")
+    (f,) = preflight.check_lock_filesystem(Path("/lus tre/u/runs"), Path("/lus tre/u"), mounts)
+    assert f.severity is Severity.INFO and f.key == "cluster.runs_root"
+    assert "lustre" in f.message and "localflock" in f.message and "O_EXCL" in f.message
+    (f,) = preflight.check_lock_filesystem(Path("/home/u/runs"), Path("/home/u"), mounts)
+    assert "nfs4" in f.message
+    assert preflight.check_lock_filesystem(Path("/opt/runs"), Path("/opt"), mounts) == []  # local disk: nothing
+    assert preflight.check_lock_filesystem(Path("/x"), Path("/x"), tmp_path / "absent") == []
