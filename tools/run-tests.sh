@@ -16,6 +16,20 @@ if ! command -v shellcheck >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v a
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null
 fi
 
+# tests/slurm/test_unprivileged.py runs the CLI as an ordinary user (hpcgrpo-user): it must reach this checkout
+# (the editable install points at it) and the interpreter behind .venv, which is often pyenv's under /root
+# (drwx------). Give others traverse (x, not listing) on the folders above both, and read on the code and the venv.
+if [ "$(id -u)" = 0 ]; then
+  for d in "$root" "$(dirname "$(readlink -f .venv/bin/python)")"; do
+    while [ "$d" != / ]; do
+      [ -n "$(find "$d" -maxdepth 0 ! -perm -o=x)" ] && chmod o+x "$d"
+      d="$(dirname "$d")"
+    done
+  done
+  find hpc_grpo recipes clusters templates .venv \( -type d ! -perm -o=rx -o ! -type d ! -perm -o=r \) \
+    -exec chmod o+rX {} +
+fi
+
 started_slurm=0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   bash tools/slurm-dev/start.sh
