@@ -8,7 +8,6 @@ node cannot leave it stuck.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -43,6 +42,7 @@ class RunBusy(SpecError):
 # (hpc_grpo.trained). None is a job of its own: status shows them under their job.
 EVENTS = ("start", "failed", "skipped")
 CHECKPOINT_LOCK = ".checkpoints.lock"
+SUBMIT_LOCK = ".submit.lock"
 DONE_FILE = "train_done.json"  # written atomically by a training that reached its last step (trl job)
 
 
@@ -134,15 +134,12 @@ def live_jobs(run_dir: Path) -> dict[str, str]:
 
 
 @contextmanager
-def submit_lock(run_dir: Path) -> Iterator[None]:
-    """Serialise check-then-submit on one run (two shells racing on a login node)."""
+def submit_lock(run_dir: Path, timeout_s: float = 600.0) -> Iterator[None]:
+    """Serialise check-then-submit on one run (two shells racing on login nodes): the same lease lock as the
+    checkpoint lock, on its own file, so it holds where flock does not (Lustre without flock, some NFS)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".submit.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with lease_lock(run_dir / SUBMIT_LOCK, timeout_s):
+        yield
 
 
 # The checkpoint lock's lease: a holder rewrites its expiry every LEASE_S / 4 while it holds the lock, so a record
@@ -229,9 +226,17 @@ def _remove_if(path: Path, judge: Callable[[LockHolder], bool]) -> bool:
 @contextmanager
 def checkpoint_lock(run_dir: Path, timeout_s: float = 600.0) -> Iterator[None]:
     """The run's one lock for checkpoint mutations: resume preparation (quarantine, tracker repair), saves,
-    pruning and reader leases hold it, so a prune never removes what a starting job is about to resume from.
+    pruning and reader leases hold it, so a prune never removes what a starting job is about to resume from."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with lease_lock(run_dir / CHECKPOINT_LOCK, timeout_s):
+        yield
 
-    A lock file, RUN_DIR/.checkpoints.lock, created with O_CREAT|O_EXCL (atomic on local disks, NFSv3+ and
+
+@contextmanager
+def lease_lock(path: Path, timeout_s: float = 600.0) -> Iterator[None]:
+    """A lock file that holds across nodes of a shared filesystem (the checkpoint lock, the submit lock).
+
+    The file, e.g. RUN_DIR/.checkpoints.lock, is created with O_CREAT|O_EXCL (atomic on local disks, NFSv3+ and
     Lustre) and holding host, pid, a token and a lease expiry that a thread refreshes while the lock is held.
     No flock: Lustre mounted without it and some NFS setups refuse it (ENOLCK) or lock within one node only,
     while prune, resume preparation and saves run on different nodes; a second, flock-based path would only
@@ -240,8 +245,6 @@ def checkpoint_lock(run_dir: Path, timeout_s: float = 600.0) -> Iterator[None]:
     two waiters never both win. Release removes the file only while it still holds this holder's token.
     Raises TimeoutError after timeout_s, naming the holder (host and pid).
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / CHECKPOINT_LOCK
     token = uuid.uuid4().hex
     deadline = time.monotonic() + timeout_s
     pause = 0.02

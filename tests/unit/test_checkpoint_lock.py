@@ -112,3 +112,16 @@ def test_holder_refreshes_its_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         assert json.loads(path.read_text())["expires"] > time.time()
         assert json.loads(path.read_text())["expires"] > first
     assert not path.exists()
+
+
+def test_submit_lock_holds_without_flock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`submit` takes the same lease lock on its own file: on a mount that refuses flock it still locks, and a
+    second holder waits (here: times out naming the first)."""
+    monkeypatch.setattr(fcntl, "flock", _no_flock)
+    run = tmp_path / "run"
+    with runs.submit_lock(run):
+        assert (run / runs.SUBMIT_LOCK).is_file()
+        with pytest.raises(TimeoutError, match=f"pid {os.getpid()}"):
+            with runs.submit_lock(run, timeout_s=0.2):
+                pass
+    assert not (run / runs.SUBMIT_LOCK).exists()
