@@ -12,7 +12,7 @@ Python mismatch. The test then cancels its own job (nothing beyond that point ca
 
 FSDP recipes go further than this test could take them: verl's real trainer runs them in its CPU mode, through
 the same launch path, in tests/slurm/test_verl_lifecycle.py (tiny-verl: train, preemption, resume, prune, eval)
-and tests/slurm/test_rehearse.py (qwen2.5-3b-gsm8k-lora's own settings shrunk onto CPU); its FSDP case here,
+and tests/slurm/test_rehearse_slurm.py (qwen2.5-3b-gsm8k-lora's own settings shrunk onto CPU); its FSDP case here,
 which stopped at `init_model`, was dropped to keep CI's time. Megatron has no CPU mode, so it stays here.
 
 STAND-IN (the only one): vLLM cannot be installed on a CPU machine, so the two imports of it verl's start-up needs,
