@@ -45,4 +45,5 @@ if [ -f .slurm-dev/env.sh ]; then
 fi
 
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"
+# -rs: every skip prints its reason in the summary
+.venv/bin/python -m pytest -q -rs -p no:cacheprovider --durations=15 "$@"
