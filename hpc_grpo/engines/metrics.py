@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+VERL_LOG = "verl_metrics.jsonl"  # verl's file logger (VERL_FILE_LOGGER_PATH), rewritten from scratch at each start
 
 # our names -> the keys engines log them under (first one present wins): trl's flat keys, then verl's
 KEYS: dict[str, tuple[str, ...]] = {

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hpc_grpo import checkpoints, runs
 from hpc_grpo.engines import EngineCommand, Override, verl_cpu
+from hpc_grpo.engines.metrics import VERL_LOG
 from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_key_for
 from hpc_grpo.findings import Finding, error
 from hpc_grpo.spec import RunSpec
@@ -207,7 +208,7 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     add(f"{env}.WANDB_RESUME", "allow", "engine")
     # verl logs from its TaskRunner, a Ray actor whose working directory is Ray's, not the run's
     add(f"{env}.WANDB_DIR", spec.run_dir, "run directory")
-    add(f"{env}.VERL_FILE_LOGGER_PATH", f"{spec.run_dir}/verl_metrics.jsonl", "engine: metrics for prune's keep_best")
+    add(f"{env}.VERL_FILE_LOGGER_PATH", f"{spec.run_dir}/{VERL_LOG}", "engine: metrics for prune's keep_best")
     return out
 
 

@@ -24,7 +24,6 @@ from hpc_grpo import checkpoints as ck
 from hpc_grpo.engines.metrics import METRICS_FILE
 from hpc_grpo.prune import job_prune
 
-VERL_LOG = "verl_metrics.jsonl"  # VERL_FILE_LOGGER_PATH, set by the rendered command
 
 
 def log(message: str) -> None:

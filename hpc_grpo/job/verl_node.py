@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from hpc_grpo.engines.metrics import VERL_LOG
 from hpc_grpo.job import node_plan, proc_tree
 from hpc_grpo.job.job_env import JobEnvError, NodeLayout, node_layout
 
 WORKERS_STOPPED_S = 15.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-VERL_LOG = "verl_metrics.jsonl"  # VERL_FILE_LOGGER_PATH, set by the rendered command
 
 
 def log(message: str, err: bool = False) -> None:

@@ -28,7 +28,7 @@ import pytest
 
 from hpc_grpo import runs, slurm
 from hpc_grpo.engines import metrics
-from hpc_grpo.job.prune_poller import VERL_LOG
+from hpc_grpo.engines.metrics import VERL_LOG
 from tests.slurm.test_submit import GSM8K, REPO, Env, make_env, wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
