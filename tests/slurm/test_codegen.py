@@ -61,4 +61,4 @@ def test_tiny_codegen_trains_on_slurm(env: Env) -> None:
     assert [m["label"] for m in report["models"]] == ["base", "policy"]
     for m in report["models"]:
         assert m["problems"] == 2 and 0.0 <= m["pass@1"] <= 1.0
-        assert m["isolation"] == "namespaces+uid" or m["isolation"] is None
+        assert m["isolation"] in ("namespaces+uid", "userns", None)
