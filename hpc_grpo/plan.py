@@ -520,7 +520,7 @@ def check_code_isolation(spec: RunSpec) -> tuple[str | None, list[Finding]]:
                 f"result); the reward refuses to run where neither works, unless {key}=limits-only"), []
     found = isolation.probe()
     if found.mode == "limits-only":
-        return "none: no namespaces on this machine (probed)", [error(key, isolation.refusal(found))]
+        return "none: no namespaces on this machine (probed)", [error(key, *isolation.refusal_parts(found))]
     return f"{isolation.describe(found.mode)} (probed on this machine)", []
 
 

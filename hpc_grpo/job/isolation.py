@@ -84,14 +84,20 @@ def check_setting(setting: str) -> str:
     return setting
 
 
+def refusal_parts(found: Probe) -> tuple[str, str]:
+    """The refusal: what is missing and why; and the two fixes."""
+    message = (f"{KEY}=auto refuses to run policy code here: the code sandbox gets no namespaces on this node "
+               f"({found.tried or 'namespaces'} failed: {found.why}), so the code would run with your own rights "
+               "(it could read ~/.netrc, your data files and reach the network)")
+    fix = ("enable unprivileged user namespaces on the compute nodes (sysctl user.max_user_namespaces > 0; "
+           "kernel.unprivileged_userns_clone=1 where that sysctl exists; kernel.apparmor_restrict_unprivileged_userns=0 "
+           f"on Ubuntu 23.10 and later), or set {KEY}=limits-only to accept resource limits only")
+    return message, fix
+
+
 def refusal(found: Probe) -> str:
-    """The refusal's text: what is missing, why, and the two fixes."""
-    return (f"{KEY}=auto refuses to run policy code here: the code sandbox gets no namespaces on this node "
-            f"({found.tried or 'namespaces'} failed: {found.why}), so the code would run with your own rights "
-            "(it could read ~/.netrc, your data files and reach the network). Fix: enable unprivileged user "
-            "namespaces on the compute nodes (sysctl user.max_user_namespaces > 0, and "
-            "kernel.unprivileged_userns_clone=1 where that sysctl exists), or set "
-            f"{KEY}=limits-only to accept resource limits only")
+    message, fix = refusal_parts(found)
+    return f"{message}. Fix: {fix}"
 
 
 def require(setting: str) -> str:
