@@ -898,10 +898,22 @@ def eval_code(
     if any(x < 1 or x > n for x in ks):
         raise SpecError(f"--k {ks}: each k must be between 1 and --n={n}")
     opts = {"limit": limit, "n": n, "ks": ks, "max_new_tokens": max_new_tokens, "temperature": temperature}
+    from hpc_grpo.job import isolation
+
+    run_dir = None
+    setting = "auto"  # --model; a run: its own grpo.code.isolation
     if run is not None:
+        from hpc_grpo.resolve import load_frozen
         from hpc_grpo.status import locate_run
 
-        report = evaluate_run(locate_run(run), **opts)
+        run_dir = locate_run(run)
+        setting = load_frozen(Path(run_dir) / "spec.yaml").recipe.grpo.code.isolation
+    try:  # before any model is loaded: the samples could not be scored here
+        isolation.require(setting)
+    except isolation.IsolationRefused as exc:
+        raise SpecError(str(exc), key=isolation.KEY) from None
+    if run_dir is not None:
+        report = evaluate_run(run_dir, **opts)
     else:
         report = {"task": "humaneval", "models": [evaluate_humaneval(model, **opts)]}
     if json_out:

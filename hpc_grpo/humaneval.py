@@ -127,6 +127,7 @@ def evaluate_run(run_dir: str | Path, **kwargs: Any) -> dict[str, Any]:
     ckpt = json.loads(done_file.read_text())["last_checkpoint"]
     base = spec.recipe.model.path
     policy = {"adapter": ckpt} if (Path(ckpt) / "adapter_config.json").is_file() else {"model_path": ckpt}
+    kwargs.setdefault("weights", RewardWeights(per_test_timeout=3.0, isolation=spec.recipe.grpo.code.isolation))
     return {"run": str(run_dir), "task": "humaneval", "models": [
         evaluate_humaneval(base, label="base", **kwargs),
         evaluate_humaneval(**{"model_path": base, **policy}, label="policy", **kwargs),
