@@ -47,6 +47,7 @@ import ctypes.util
 import fcntl
 import json
 import os
+import re
 import resource
 import secrets
 import select
@@ -183,13 +184,18 @@ def _bind(libc: ctypes.CDLL, fd: int, dst: str, device: bool) -> str:
     if why:
         return why
     with open("/proc/self/mountinfo") as handle:
-        points = [line.split()[4].encode().decode("unicode_escape") for line in handle]
+        points = [_unescape(line.split()[4]) for line in handle]
     for point in points:
         if point == dst or point.startswith(dst + "/"):
             why = _readonly(libc, point, device)
             if why:
                 return why
     return ""
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path: the kernel writes space, tab, newline and backslash as octal escapes (\\040)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _readonly(libc: ctypes.CDLL, point: str, device: bool = False) -> str:
@@ -287,32 +293,38 @@ def _write_maps(uid: int, gid: int) -> str:
     return ""
 
 
-def _pool_userns(libc: ctypes.CDLL, uid: int) -> str:
+def _pool_userns(libc: ctypes.CDLL, uid: int) -> bool:
     """Root's path, its root built: become the pool uid, keeping the capabilities one step longer to enter a
     user namespace of its own (where the unprivileged may not make one, the capability still may). So both
-    modes end alike: the code in a user namespace whose nested namespaces are capped at 0."""
+    modes end alike, the code in a user namespace whose nested namespaces get capped at 0. True when it got
+    one; where the kernel has none, the code cannot make one either, and the pool uid alone holds."""
     if libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
-        return _errno("keepcaps")
+        raise OSError(ctypes.get_errno(), "keepcaps")
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)
     libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # a uid change clears it, and /proc/self/uid_map is then root's
-    return _caps(libc, keep=True) or _unshare(libc, CLONE_NEWUSER) or _write_maps(uid, uid)
+    why = _caps(libc, keep=True)
+    if why:
+        raise OSError(ctypes.get_errno(), why)
+    if _unshare(libc, CLONE_NEWUSER):
+        return False
+    _write_maps(uid, uid)  # without a map the code sees itself as nobody; the kernel still checks the pool uid
+    return True
 
 
 def _drop_privileges(libc: ctypes.CDLL, uid: int | None) -> str:
     """No way back to a privilege: root's path first becomes its pool uid (_pool_userns); then, in the code's
-    user namespace, no nested user namespace (one would give it the capabilities to mount a tmpfs of any
-    size, past the caps of /tmp and /dev/shm), no_new_privs (setuid files and file capabilities stop
-    working), an empty bounding set, and no capability at all."""
-    why = _pool_userns(libc, uid) if uid is not None else ""
-    if why:
-        return why
-    try:
-        with open("/proc/sys/user/max_user_namespaces", "w") as handle:  # this user namespace's own value
-            handle.write("0")
-    except OSError:
-        pass  # no /proc of its own (see _furnish): nothing to read or write there either
+    own user namespace, no nested user namespace (one would give it the capabilities to mount a tmpfs of any
+    size, past the caps of /tmp and /dev/shm); no_new_privs (setuid files and file capabilities stop working),
+    an empty bounding set and no capability at all."""
+    own_userns = _pool_userns(libc, uid) if uid is not None else True
+    if own_userns:  # never otherwise: outside its own user namespace this file is the node's own limit
+        try:
+            with open("/proc/sys/user/max_user_namespaces", "w") as handle:
+                handle.write("0")
+        except OSError:
+            pass  # no /proc of its own (see _furnish): nothing to read or write there either
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return _errno("no_new_privs")
     for cap in range(64):
@@ -518,6 +530,8 @@ def _enter(libc: ctypes.CDLL, mode: str, uid: int | None, ready_fd: int) -> None
             why = _enter_root(libc, uid) or _drop_privileges(libc, uid)
         except OSError as exc:
             why = f"{exc.filename or ''}: {exc.strerror}"
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the code must not run half-isolated
+            why = f"{type(exc).__name__}: {exc}"
     os.write(ready_fd, (why.replace("\n", " ") + "\n").encode())
     os.close(ready_fd)
     if why:

@@ -436,8 +436,9 @@ def run_table(runner: Runner, scene: Scene, expect_mode: str) -> None:
     expected = {"score": 0.0, "pass": 1.0}  # "trace": at most what the honest code scores (1.0), checked on the host
     wrong = {n: s for n, s in scores.items() if s != expected.get(ATTACKS[n][0], s) or s > 1.0}
     assert not wrong, f"as {runner.name} ({expect_mode}): attacks that scored, or honest code that did not: {wrong}"
-    slow = {n: sec for n, (_, sec) in got["scores"].items() if sec > 4.0}  # one per-test timeout plus teardown
-    assert not slow, slow
+    # one per-test timeout (1 s) plus set-up and teardown, with room for a loaded 2-core machine
+    slow = {n: sec for n, (_, sec) in got["scores"].items() if sec > 6.0}
+    assert not slow, got["scores"]
     assert elapsed < 120
     assert not scene.written(), scene.written()
     assert scene.listeners.hits == {"tcp": 0, "unix": 0, "abstract": 0}, scene.listeners.hits
@@ -614,3 +615,34 @@ def test_nproc_rule(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(cs.os, "uname", lambda r=release: os.uname_result(("Linux", "n", r, "#1", "x86_64")))
         monkeypatch.setattr(cs.os, "getuid", lambda u=uid: u)
         assert cs._nproc_limit(job, mode) == want, (release, uid, mode)
+
+
+CHROOT_FALLBACK = r"""
+import importlib.util, json, sys
+loaded = importlib.util.spec_from_file_location("code_sandbox_under_test", sys.argv[1])
+cs = importlib.util.module_from_spec(loaded)
+loaded.loader.exec_module(cs)
+cs.SYS_PIVOT_ROOT = {}  # as on a node booted from initramfs, where pivot_root refuses: the MS_MOVE + chroot path
+tests = ["import os\nassert not {'home', 'run', 'boot', 'srv', 'mnt', 'media', 'work'} & set(os.listdir('/'))",
+         "import os\nos.chdir('/')\nfor _ in range(20):\n    os.chdir('..')\nassert not os.path.exists(" + repr(sys.argv[2]) + ")",
+         "import os\nassert [p for p in os.listdir('/proc') if p.isdigit()] == ['1']"]
+job = {"code": "def add(a, b):\n    return a + b\n", "tests": tests, "per_test_timeout": 2.0, "memory_mb": 512}
+print("RESULT=" + json.dumps(cs.supervise(job)))
+"""
+
+
+@pytest.mark.parametrize("who", ["root", "user"])
+def test_chroot_fallback_where_pivot_root_cannot(who: str, tmp_path: Path) -> None:
+    """Without pivot_root the root is moved onto / and chrooted into: the same minimal view, no way out."""
+    if who == "root" and not ROOT:
+        pytest.skip("the root half needs root (CI runs as root)")
+    from hpc_grpo.code_reward import SANDBOX
+
+    runner = as_root() if who == "root" else as_user()
+    proc = subprocess.run([*runner.prefix, sys.executable, "-I", "-S", "-c", CHROOT_FALLBACK, str(SANDBOX), str(REPO)],
+                          capture_output=True, text=True, env=runner.env(), cwd="/", timeout=60, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT=")]
+    assert lines, proc.stdout + proc.stderr
+    report = json.loads(lines[-1].removeprefix("RESULT="))
+    assert report["status"] == "ok" and report["passed"] == report["total"] == 3, report
+    assert report["isolation"] == ("namespaces+uid" if who == "root" else "userns")
