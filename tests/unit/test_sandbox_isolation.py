@@ -646,3 +646,39 @@ def test_chroot_fallback_where_pivot_root_cannot(who: str, tmp_path: Path) -> No
     report = json.loads(lines[-1].removeprefix("RESULT="))
     assert report["status"] == "ok" and report["passed"] == report["total"] == 3, report
     assert report["isolation"] == ("namespaces+uid" if who == "root" else "userns")
+
+
+NODE_START = r"""
+import json, sys
+from hpc_grpo.job import isolation, verl_node
+started = []
+verl_node.run_head = lambda *args: started.append("head") or 0
+if sys.argv[1] == "refuse":
+    isolation.probe = lambda: isolation.Probe("limits-only", "unshare: Operation not permitted", "userns")
+rc = verl_node.main(sys.argv[2:])
+print("RESULT=" + json.dumps({"rc": rc, "started": started}))
+"""
+
+
+@pytest.mark.parametrize("case", ["probe", "refuse"])
+def test_verl_node_prints_or_refuses_at_start(case: str, tmp_path: Path) -> None:
+    """Each verl node probes its own sandbox before Ray starts: the line in its log, or exit 2 with the refusal."""
+    from hpc_grpo.render import render_all, write_files
+    from hpc_grpo.resolve import resolve_spec
+
+    spec = resolve_spec("qwen2.5-7b-codegen", "local", [f"cluster.runs_root={tmp_path}"], run_name="r")
+    write_files(spec.path, render_all(spec))
+    argv = ["--spec", str(spec.path / "spec.yaml"), "--nodes", "1", "--gpus-per-node", "0", "--ray-cpus", "1",
+            "--join-timeout", "5", "--ray-dir", str(tmp_path / "ray"), "--local-address", "127.0.0.2", "--", "true"]
+    proc = subprocess.run([sys.executable, "-c", NODE_START, case, *argv], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "SUBMITIT_LOCAL_JOB_ID": "77"}, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT=")]
+    assert lines, proc.stdout + proc.stderr
+    got = json.loads(lines[-1].removeprefix("RESULT="))
+    if case == "probe":
+        mode = "namespaces+uid" if ROOT else "userns"
+        assert got == {"rc": 0, "started": ["head"]}
+        assert f"code sandbox on {os.uname().nodename}: {mode} (" in proc.stdout, proc.stdout
+    else:
+        assert got == {"rc": 2, "started": []}
+        assert "grpo.code.isolation=auto refuses" in proc.stderr, proc.stderr
