@@ -2,7 +2,7 @@
 
 Policy completions are hostile by accident (loops, fork bombs, huge allocations) and, under a reward
 that pays for passing tests, can learn to be hostile on purpose. So each completion's tests run in a
-process of their own, started fresh by the scorer (hpc_grpo/code_reward.py), which this file is.
+process of their own, started fresh by the scorer (hpc_grpo/rewards/code.py), which this file is.
 The job's "isolation" (the recipe's grpo.code.isolation: "auto" or "limits-only") picks the mode:
 
 - namespaces+uid (root: containers, CI) and userns (a normal user, through unprivileged user namespaces:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from hpc_grpo.engines.metrics import VERL_LOG
+from hpc_grpo.runstate.metrics import VERL_LOG
 from hpc_grpo.job import node_plan, proc_tree
 from hpc_grpo.job.job_env import JobEnvError, NodeLayout, node_layout
 
@@ -261,8 +261,8 @@ def run_worker(o: Options, layout: NodeLayout) -> int:
 def code_sandbox_line(spec_path: Path) -> str | None:
     """This node's code sandbox, for the job log (grpo.reward=code_exec only; the reward runs on any node).
     Raises IsolationRefused where grpo.code.isolation=auto finds no namespaces here."""
-    from hpc_grpo.resolve import load_frozen
-    from hpc_grpo.yamlio import SpecError
+    from hpc_grpo.config.resolve import load_frozen
+    from hpc_grpo.common.yamlio import SpecError
 
     try:
         spec = load_frozen(spec_path)

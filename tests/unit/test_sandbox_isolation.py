@@ -216,7 +216,7 @@ def completion(snippet: str) -> str:
 DRIVER = r"""
 import json, os, subprocess, sys, tempfile, time
 from concurrent.futures import ThreadPoolExecutor
-from hpc_grpo.code_reward import compute_score, extract_code
+from hpc_grpo.rewards.code import compute_score, extract_code
 from hpc_grpo.job import isolation
 
 job = json.loads(sys.stdin.read())
@@ -474,12 +474,12 @@ os.execv(sys.executable, [sys.executable, "-c", *sys.argv[1:]])
 
 REFUSALS = r"""
 import json, os, subprocess, sys, tempfile
-from hpc_grpo import code_reward
+from hpc_grpo.rewards import code as code_reward
 from hpc_grpo.job import isolation
 from hpc_grpo.job.verl_node import code_sandbox_line
-from hpc_grpo.plan import check_code_isolation
-from hpc_grpo.render import render_all, write_files
-from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.planning.plan import check_code_isolation
+from hpc_grpo.launch.render import render_all, write_files
+from hpc_grpo.config.resolve import resolve_spec
 
 GOOD = "```python\ndef add(a, b):\n    return a + b\n```\n"
 GT = sys.argv[1]
@@ -564,8 +564,8 @@ def test_require_refuses_without_namespaces(monkeypatch: pytest.MonkeyPatch) -> 
 def test_spec_key_is_checked_and_reaches_both_engines() -> None:
     from hpc_grpo.engines.verl import VerlEngine
     from hpc_grpo.job.trl_job import reward_function
-    from hpc_grpo.resolve import resolve_spec
-    from hpc_grpo.yamlio import SpecError
+    from hpc_grpo.config.resolve import resolve_spec
+    from hpc_grpo.common.yamlio import SpecError
 
     with pytest.raises(SpecError) as bad:
         resolve_spec("tiny-codegen", "local", ["grpo.code.isolation=none"])
@@ -578,8 +578,8 @@ def test_spec_key_is_checked_and_reaches_both_engines() -> None:
 
 
 def test_plan_says_which_isolation(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hpc_grpo.plan import check_code_isolation
-    from hpc_grpo.resolve import resolve_spec
+    from hpc_grpo.planning.plan import check_code_isolation
+    from hpc_grpo.config.resolve import resolve_spec
 
     assert check_code_isolation(resolve_spec("tiny-gsm8k", "local")) == (None, [])
     line, found = check_code_isolation(resolve_spec("qwen2.5-7b-codegen", "a100-ib"))
@@ -602,7 +602,7 @@ def test_nproc_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """RLIMIT_NPROC: max_procs where the kernel counts only the sandbox's tasks; else the user's count plus it."""
     import importlib.util
 
-    from hpc_grpo.code_reward import SANDBOX
+    from hpc_grpo.rewards.code import SANDBOX
 
     loaded = importlib.util.spec_from_file_location("code_sandbox_under_test", SANDBOX)
     cs = importlib.util.module_from_spec(loaded)
@@ -636,7 +636,7 @@ def test_chroot_fallback_where_pivot_root_cannot(who: str, tmp_path: Path) -> No
     """Without pivot_root the root is moved onto / and chrooted into: the same minimal view, no way out."""
     if who == "root" and not ROOT:
         pytest.skip("the root half needs root (CI runs as root)")
-    from hpc_grpo.code_reward import SANDBOX
+    from hpc_grpo.rewards.code import SANDBOX
 
     runner = as_root() if who == "root" else as_user()
     proc = subprocess.run([*runner.prefix, sys.executable, "-I", "-S", "-c", CHROOT_FALLBACK, str(SANDBOX), str(REPO)],
@@ -663,8 +663,8 @@ print("RESULT=" + json.dumps({"rc": rc, "started": started}))
 @pytest.mark.parametrize("case", ["probe", "refuse"])
 def test_verl_node_prints_or_refuses_at_start(case: str, tmp_path: Path) -> None:
     """Each verl node probes its own sandbox before Ray starts: the line in its log, or exit 2 with the refusal."""
-    from hpc_grpo.render import render_all, write_files
-    from hpc_grpo.resolve import resolve_spec
+    from hpc_grpo.launch.render import render_all, write_files
+    from hpc_grpo.config.resolve import resolve_spec
 
     spec = resolve_spec("qwen2.5-7b-codegen", "local", [f"cluster.runs_root={tmp_path}"], run_name="r")
     write_files(spec.path, render_all(spec))
