@@ -654,19 +654,20 @@ def eval_cmd(
     as_json: JsonT = False,
 ) -> None:
     """Score a run's checkpoint(s) on GSM8K with lm-eval (beside the base model), or any model with --model."""
+    from hpc_grpo.commands import eval as run_eval
     from hpc_grpo.evaluation import evaluate
 
     task_list = [t for t in tasks.split(",") if t] if tasks else None
     if model is not None:
         folder = out_dir or Path.cwd() / f"eval-{model.name}"
-        outcome = evaluate.eval_model(str(model), folder, task_list, limit, train_file and str(train_file),
+        outcome = run_eval.eval_model(str(model), folder, task_list, limit, train_file and str(train_file),
                                       test_file and str(test_file), num_fewshot, max_gen_toks)
         for r in outcome.results:
             r["path"] = str(folder / "eval.json")
     else:
         from hpc_grpo.commands.status import locate_run
 
-        outcome = evaluate.eval_run(locate_run(run), list(step or []), all_kept, task_list, limit, here)
+        outcome = run_eval.eval_run(locate_run(run), list(step or []), all_kept, task_list, limit, here)
         for r in outcome.results:
             r["path"] = str(evaluate.result_path(outcome.run_dir, r["step"]))
     if as_json:
