@@ -757,7 +757,7 @@ def export_cmd(
     from hpc_grpo.job.eval_job import EvalError, base_model_path, choose
     from hpc_grpo.job.trl_job import JobError
     from hpc_grpo.config.resolve import load_frozen
-    from hpc_grpo.commands.resume import new_run_command
+    from hpc_grpo.planning.world_size import new_run_command
     from hpc_grpo.commands.status import locate_run
 
     spec = load_frozen(locate_run(run) / runs.SPEC)
@@ -803,7 +803,7 @@ def prune_ckpts(
     as_json: JsonT = False,
 ) -> None:
     """Apply the retention policy (the recipe's checkpoint section, overridden by options) to a run's checkpoints."""
-    from hpc_grpo.runstate.retention import cli_prune
+    from hpc_grpo.commands.prune import cli_prune
 
     results = cli_prune(run, all_runs, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best,
                         max_bytes=max_bytes, dry_run=dry_run)
