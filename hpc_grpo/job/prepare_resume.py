@@ -10,8 +10,8 @@ engines, before the engine starts: the newest COMPLETE checkpoint is where train
   to the chosen step; the old content is kept in the history line.
 - What it did goes into history.jsonl as a "start" event of the job.
 - A verl FSDP checkpoint saved at another world size than the job's is refused before anything moves (verl
-  cannot load it; hpc_grpo.planning.world_size.check_world_size, which `hpc-grpo resume` applies first): the job fails at
-  once with a "failed" event in the history that says what to do, instead of dying at load.
+  cannot load it; hpc_grpo.planning.world_size, which `hpc-grpo resume` applies first): the job fails at once
+  with a "failed" event in the history that says what to do, instead of dying at load.
 
 All of it happens under runs.checkpoint_lock(run_dir), the lock prune takes too.
 

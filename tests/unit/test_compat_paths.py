@@ -42,8 +42,9 @@ else:
         obj = pickle.load(fh)
 cls = type(obj)
 import hpc_grpo.launch.submit as new_submit, hpc_grpo.evaluation.evaluate as new_evaluate
+new = {new_submit.TrainJob, new_evaluate.EvalJob}
 print(json.dumps({"class": f"{cls.__module__}.{cls.__qualname__}",
-                  "is_new_class": cls is getattr(new_submit, cls.__name__, None) or cls is getattr(new_evaluate, cls.__name__, None),
+                  "is_new_class": cls in new,
                   "state": {k: getattr(obj, k) for k in ("run_dir", "after", "eval_after", "argv") if hasattr(obj, k)},
                   "process_slot_empty": getattr(obj, "_proc", "absent") is None}))
 """
@@ -91,7 +92,8 @@ def protocol4(module: str, qualname: str, state: dict[str, Any]) -> bytes:
         return b"]" + b"(" + b"".join(_unicode(x) for x in v) + b"e"  # EMPTY_LIST MARK ... APPENDS
     body = (_unicode(module) + _unicode(qualname) + b"\x93"  # STACK_GLOBAL
             + b")" + b"\x81"  # EMPTY_TUPLE NEWOBJ
-            + b"}" + b"(" + b"".join(_unicode(k) + value(v) for k, v in state.items()) + b"u"  # EMPTY_DICT MARK SETITEMS
+            + b"}" + b"(" + b"".join(_unicode(k) + value(v) for k, v in state.items())
+            + b"u"  # EMPTY_DICT MARK ... SETITEMS
             + b"b" + b".")  # BUILD STOP
     return b"\x80\x04" + b"\x95" + struct.pack("<Q", len(body)) + body  # PROTO 4, one FRAME
 
@@ -129,7 +131,8 @@ def test_old_evaljob_pickles_load_as_the_new_class(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ verl's loader
-OLD_AND_NEW = {"pkg://hpc_grpo.code_reward": "hpc_grpo.rewards.code", "pkg://hpc_grpo.rewards": "hpc_grpo.rewards.gsm8k"}
+OLD_AND_NEW = {"pkg://hpc_grpo.code_reward": "hpc_grpo.rewards.code",
+               "pkg://hpc_grpo.rewards": "hpc_grpo.rewards.gsm8k"}
 
 VERL_LOAD = r"""
 import importlib, json, sys
