@@ -803,9 +803,9 @@ def prune_ckpts(
     as_json: JsonT = False,
 ) -> None:
     """Apply the retention policy (the recipe's checkpoint section, overridden by options) to a run's checkpoints."""
-    from hpc_grpo.commands.prune import cli_prune
+    from hpc_grpo.commands.prune import prune_runs
 
-    results = cli_prune(run, all_runs, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best,
+    results = prune_runs(run, all_runs, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best,
                         max_bytes=max_bytes, dry_run=dry_run)
     if as_json:
         print_json([r.as_dict() for r in results] if all_runs else results[0].as_dict())

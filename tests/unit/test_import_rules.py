@@ -25,8 +25,8 @@ PACKAGE = "hpc_grpo"
 # Lowest first; the packages of one tuple are one layer. The same order, written out, is in docs/ARCHITECTURE.md.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("common",),
-    ("cluster",),
     ("config",),
+    ("cluster",),
     ("runstate",),
     ("engines",),
     ("rewards", "data"),
@@ -44,6 +44,9 @@ PLACED: dict[str, tuple[str, str]] = {
     # verl's key tables (which keys are verl's, what field-report flags really are): plain data, importing nothing
     # of ours; config.resolve routes command-line overrides with them. Engine knowledge, so it lives in engines/.
     f"{PACKAGE}.engines.verl_keys": ("config", "verl's key tables, read by config.resolve to route overrides"),
+    # Which profile a command means when none is typed; its last resort asks this machine's Slurm for its
+    # ClusterName (cluster.slurm), so it sits above cluster although it picks among config's profiles.
+    f"{PACKAGE}.config.clusterpick": ("cluster", "asks Slurm which cluster this machine is"),
 }
 COMPAT = frozenset({f"{PACKAGE}.submit", f"{PACKAGE}.evaluate", f"{PACKAGE}.code_reward", f"{PACKAGE}.rewards"})
 
@@ -271,5 +274,6 @@ def test_layer_of_uses_placements_and_packages() -> None:
     assert layer_of("hpc_grpo.engines.verl")[1] == "engines"
     assert layer_of("hpc_grpo.engines.verl_keys")[1] == "config"
     assert layer_of("hpc_grpo")[1] == "common"
+    assert layer_of("hpc_grpo.config.clusterpick")[1] == "cluster" and layer_of("hpc_grpo.config.spec")[1] == "config"
     assert layer_of("hpc_grpo.rewards.code") == layer_of("hpc_grpo.data.gsm8k")
     assert layer_of("hpc_grpo.nowhere.x") is None
