@@ -1,4 +1,5 @@
-"""Submission through submitit: executors from a cluster profile, and the job callable.
+"""Submission through submitit: executors from a cluster profile, the job callable, and the three submissions (the
+training job, a chained follow-on, the eval job queued after training).
 
 The batch script Slurm receives is hpc-grpo's own Jinja template: our SlurmExecutor renders
 submitit's submission file from it, and the same text is saved as scripts/sbatch.sh, so what
