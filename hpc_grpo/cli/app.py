@@ -663,19 +663,20 @@ def eval_cmd(
     as_json: JsonT = False,
 ) -> None:
     """Score a run's checkpoint(s) on GSM8K with lm-eval (beside the base model), or any model with --model."""
+    from hpc_grpo.commands import eval as run_eval
     from hpc_grpo.evaluation import evaluate
 
     task_list = [t for t in tasks.split(",") if t] if tasks else None
     if model is not None:
         folder = out_dir or Path.cwd() / f"eval-{model.name}"
-        outcome = evaluate.eval_model(str(model), folder, task_list, limit, train_file and str(train_file),
+        outcome = run_eval.eval_model(str(model), folder, task_list, limit, train_file and str(train_file),
                                       test_file and str(test_file), num_fewshot, max_gen_toks)
         for r in outcome.results:
             r["path"] = str(folder / "eval.json")
     else:
         from hpc_grpo.commands.status import locate_run
 
-        outcome = evaluate.eval_run(locate_run(run), list(step or []), all_kept, task_list, limit, here)
+        outcome = run_eval.eval_run(locate_run(run), list(step or []), all_kept, task_list, limit, here)
         for r in outcome.results:
             r["path"] = str(evaluate.result_path(outcome.run_dir, r["step"]))
     if as_json:
@@ -765,7 +766,7 @@ def export_cmd(
     from hpc_grpo.job.eval_job import EvalError, base_model_path, choose
     from hpc_grpo.job.trl_job import JobError
     from hpc_grpo.config.resolve import load_frozen
-    from hpc_grpo.commands.resume import new_run_command
+    from hpc_grpo.planning.world_size import new_run_command
     from hpc_grpo.commands.status import locate_run
 
     spec = load_frozen(locate_run(run) / runs.SPEC)
@@ -811,9 +812,9 @@ def prune_ckpts(
     as_json: JsonT = False,
 ) -> None:
     """Apply the retention policy (the recipe's checkpoint section, overridden by options) to a run's checkpoints."""
-    from hpc_grpo.runstate.retention import cli_prune
+    from hpc_grpo.commands.prune import prune_runs
 
-    results = cli_prune(run, all_runs, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best,
+    results = prune_runs(run, all_runs, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best,
                         max_bytes=max_bytes, dry_run=dry_run)
     if as_json:
         print_json([r.as_dict() for r in results] if all_runs else results[0].as_dict())
