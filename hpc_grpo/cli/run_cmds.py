@@ -58,7 +58,14 @@ def print_plan(plan: Any) -> None:
             out.print(f"  ~{sched.step_s:.0f} s per step (rough, calibrated on field report 004): ~{sched.steps_in_time_limit} "
                       f"steps fit in resources.time {r.resources.time}")
     out.print(f"Engine schema: {plan.schema_checked}")
+    print_code_isolation(plan)
     print_findings(plan.findings)
+
+
+def print_code_isolation(plan: Any) -> None:
+    """The code sandbox's isolation on the compute nodes, for a run that executes model-written code."""
+    if plan.code_isolation:
+        out.print(f"Code sandbox: {plan.code_isolation}", markup=False, highlight=False)
 
 
 def plan_json(plan: Any) -> dict[str, Any]:
@@ -75,6 +82,7 @@ def plan_json(plan: Any) -> dict[str, Any]:
             "peak_phase": plan.memory.peak_phase},
         "schedule": None if plan.schedule is None else plan.schedule.as_dict(),
         "schema": plan.schema_checked,
+        "code_isolation": plan.code_isolation,
         "findings": [f.as_dict() for f in plan.findings],
     }
 
@@ -164,6 +172,7 @@ def submit(
     result = run_plan(spec, schema=schema, for_submit=True)
     refuse_unless_ok(result, "Nothing submitted")
     files = render_all(spec)
+    print_code_isolation(result)
     if dry_run:
         print_findings(result.findings)
         out.print(f"Would create {spec.run_dir} with:")

@@ -74,13 +74,27 @@ def check_code_options(run: str | None, model: str | None, k: list[int] | None, 
 
 def humaneval(run: str | None, model: str | None, json_out: Path | None, **opts: Any) -> dict[str, Any]:
     """`hpc-grpo eval-code` (options checked by check_code_options): a finished run's base model beside its policy,
-    or one model folder; the report is also written to `json_out` when given."""
+    or one model folder; the report is also written to `json_out` when given. The sandbox's isolation (the run's
+    grpo.code.isolation; auto for --model) is required before any model loads: SpecError (exit 2) where the node
+    cannot give it, as the samples could not be scored here."""
     from hpc_grpo.evaluation.humaneval import evaluate_humaneval, evaluate_run
+    from hpc_grpo.job import isolation
 
+    run_dir = None
+    setting = "auto"
     if run is not None:
         from hpc_grpo.commands.status import locate_run
+        from hpc_grpo.config.resolve import load_frozen
+        from hpc_grpo.runstate.runs import SPEC
 
-        report = evaluate_run(locate_run(run), **opts)
+        run_dir = locate_run(run)
+        setting = load_frozen(run_dir / SPEC).recipe.grpo.code.isolation
+    try:
+        isolation.require(setting)
+    except isolation.IsolationRefused as exc:
+        raise SpecError(str(exc), key=isolation.KEY) from None
+    if run_dir is not None:
+        report = evaluate_run(run_dir, **opts)
     else:
         report = {"task": "humaneval", "models": [evaluate_humaneval(model, **opts)]}
     if json_out:
