@@ -48,10 +48,14 @@ class ResumePlan:
             return "no complete checkpoint: the job starts from step 0"
         return f"resumes from {self.checkpoint.path} (step {self.step})"
 
+    def nothing_to_do(self, force: bool) -> bool:
+        """A finished run is resubmitted only with --force (e.g. with more training steps)."""
+        return self.finished is not None and not force
+
     def describe(self, force: bool) -> list[str]:
         """What the CLI prints before it submits (or instead, for a finished run without --force)."""
         lines = [f"Run {self.spec.run_name}: {self.spec.run_dir}"]
-        if self.finished is not None and not force:
+        if self.nothing_to_do(force):
             lines.append(f"Run {self.spec.run_name} finished (train_done.json: step {self.finished.get('final_step')}): "
                          "nothing to resume. Use --force to resubmit it anyway (e.g. with more training steps).")
             return lines
@@ -143,6 +147,14 @@ def plan_resume(run_dir: Path, items: list[str], force: bool) -> ResumePlan:
     if finished is None or force:  # a finished run without --force is not resubmitted: nothing to refuse
         check_world_size(spec, best, before=frozen)
     return ResumePlan(spec, best, newer, list(items), forced, finished)
+
+
+def check_plan(plan: ResumePlan) -> Any:
+    """The resubmission planned again, as submit plans (schema aside: it was checked at submit): the overrides may
+    not fit the cluster any more. The CLI prints its findings and submits nothing unless it is ok."""
+    from hpc_grpo.planning.plan import run_plan
+
+    return run_plan(plan.spec, schema=False, for_submit=True)
 
 
 def submit_resume(plan: ResumePlan) -> Any:

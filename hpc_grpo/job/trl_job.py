@@ -307,7 +307,7 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
         log(f"dropped {dropped} metric line(s) after step {resume_step} from {METRICS_FILE} (they are trained again)")
 
     if spec.recipe.grpo.reward == "code_exec":  # before any heavy import: a refusal costs a second
-        from hpc_grpo.job import isolation
+        from hpc_grpo.cluster import isolation
 
         try:
             log(isolation.job_line(spec.recipe.grpo.code.isolation))
