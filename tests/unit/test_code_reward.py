@@ -176,13 +176,13 @@ def test_fallback_without_namespaces() -> None:
     from hpc_grpo.code_reward import SANDBOX
 
     job = {"code": "import os, time\nif os.fork() == 0:\n    time.sleep(10**6)\ndef add(a, b):\n    return a + b\n",
-           "tests": ["assert add(1, 2) == 3", "while True: pass", "assert add(0, 0) == 0"],
+           "tests": [{"call": "add(1, 2)"}, {"exec": "while True: pass"}, {"call": "add(0, 0)"}],
            "per_test_timeout": 0.5, "memory_mb": 512, "no_namespaces": True}
     out = subprocess.run([sys.executable, "-I", "-S", str(SANDBOX)], input=json.dumps(job), capture_output=True,
                          text=True, timeout=30)
     report = json.loads(out.stdout)
     assert report["isolation"] == "none" and report["status"] == "timeout"
-    assert (report["passed"], report["total"], report["timed_out_in"]) == (1, 3, 2)
+    assert (report["outcomes"], report["total"], report["timed_out_in"]) == ([["value", "3"], None, None], 3, 2)
     assert report["seconds"] < 3
     time.sleep(0.2)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
