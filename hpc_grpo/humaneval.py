@@ -70,11 +70,13 @@ def score_samples(problems: Sequence[dict[str, Any]], samples: Sequence[Sequence
     scores = score_batch([t for _, t in flat], [gts[i] for i, _ in flat], weights, workers)
     passed = [0] * len(problems)
     tests, weak = [0] * len(problems), [0] * len(problems)
+    tests_passed: list[list[int]] = [[] for _ in problems]
     kinds: dict[str, int] = {}
     isolation = None
     for (i, _), s in zip(flat, scores):
         passed[i] += s.kind == "passed"
         tests[i], weak[i] = s.total, s.weak
+        tests_passed[i].append(s.passed)
         kinds[s.kind] = kinds.get(s.kind, 0) + 1
         isolation = isolation or s.detail.get("isolation")
     n = min(len(t) for t in samples) if samples else 0
@@ -83,8 +85,8 @@ def score_samples(problems: Sequence[dict[str, Any]], samples: Sequence[Sequence
     for k in ks:
         if 1 <= k <= n:
             out[f"pass@{k}"] = sum(pass_at_k(len(samples[i]), passed[i], k) for i in range(len(problems))) / len(problems)
-    out["per_task"] = [{"task_id": p["id"], "passed": passed[i], "n": len(samples[i]), "tests": tests[i], "weak": weak[i]}
-                       for i, p in enumerate(problems)]
+    out["per_task"] = [{"task_id": p["id"], "passed": passed[i], "n": len(samples[i]), "tests": tests[i], "weak": weak[i],
+                        "tests_passed": tests_passed[i]} for i, p in enumerate(problems)]
     return out
 
 

@@ -171,8 +171,10 @@ def _child(job: dict, report_fd: int, nonce: str, uid: int | None, workdir: str)
     except BaseException as exc:  # never run the code with half the limits on
         os.write(report_fd, f"{nonce} fatal {type(exc).__name__}\n".encode())
         os._exit(3)
-    _run_tests(job, report_fd, nonce)
-    os._exit(0)
+    try:
+        _run_tests(job, report_fd, nonce)
+    finally:  # the code may have closed or replaced the report pipe: never fall back into the supervisor's code
+        os._exit(0)
 
 
 def _run_tests(job: dict, report_fd: int, nonce: str) -> None:
@@ -370,7 +372,7 @@ class _Reports:
         self.prefix = nonce.encode() + b" "
         self.n = n
         self.outcomes: list[list[str] | None] = [None] * (n + 1)  # index 0: the program phase (define)
-        self.current = 0
+        self.current = -1  # the phase running: -1 before the harness's `start 0`
         self.started = time.monotonic()
         self.anomalies = 0
         self.read = 0
@@ -442,7 +444,7 @@ class _Reports:
         out = {"status": status, "total": self.n, "outcomes": self.outcomes[1:],
                "seconds": round(time.monotonic() - t0, 4), "isolation": isolation}
         if status == "timeout":
-            out["timed_out_in"] = self.current
+            out["timed_out_in"] = max(self.current, 0)
         if self.anomalies:
             out["anomalies"] = self.anomalies
         if status == "report_too_large":
