@@ -466,6 +466,8 @@ def test_table_as_unprivileged_user() -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     tail = (proc.stdout + proc.stderr)[-4000:]
-    assert proc.returncode == 0, tail
+    assert proc.returncode == 0, (f"the table as {USER} failed (exit {proc.returncode}); if it could not start, {USER} "
+                                  f"must read {REPO} (hpc_grpo, tests, pyproject.toml) and the venv: tools/run-tests.sh "
+                                  f"makes them readable\n{tail}")
     assert "passed" in proc.stdout and " failed" not in proc.stdout, tail
     print(tail)
