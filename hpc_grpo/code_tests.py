@@ -410,7 +410,8 @@ def plan_tests(ground_truth_json: str) -> PlannedTests:
 def decode_value(payload: str) -> Any:
     """The sandbox's encoding of one returned value -> the value, built here from exact builtins.
     JSON null/true/false/numbers/strings/arrays are themselves; {"t": [..]} tuple, {"s": [..]} set,
-    {"f": [..]} frozenset, {"d": [[k, v], ..]} dict, {"b": hex} bytes, {"c": [re, im]} complex.
+    {"f": [..]} frozenset, {"d": [[k, v], ..]} dict, {"b": hex} bytes, {"c": [re, im]} complex, {"i": hex} an
+    int too large for decimal JSON.
     Raises ValueError for anything else (a forged or damaged report)."""
     try:
         raw = json.loads(payload)
@@ -431,6 +432,8 @@ def _untag(x: Any, depth: int) -> Any:
         (tag, body), = x.items()
         if tag == "b" and type(body) is str:
             return bytes.fromhex(body)
+        if tag == "i" and type(body) is str and body.lstrip("-").startswith("0x"):
+            return int(body, 16)
         if tag == "c" and type(body) is list and len(body) == 2 and all(type(v) in (int, float) for v in body):
             return complex(body[0], body[1])
         if type(body) is list:

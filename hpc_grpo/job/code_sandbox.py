@@ -62,7 +62,8 @@ LOCK_DIR = "/run/hpc-grpo-sandbox" if os.path.isdir("/run") else "/var/tmp/hpc-g
 WORKDIR = "/tmp/work"
 MAX_DEPTH = 100  # nesting of a returned value
 VALUE_CAP = 1 << 20  # bytes of one encoded value (a call's result or a program's stdout)
-REPORT_CAP = 8 << 20  # bytes of the whole report: past it the code is killed and the tests not reported fail
+REPORT_CAP = 8 << 20  # bytes of a report, at least; (tests + 1) x (VALUE_CAP + 4 KiB) when more: past it the code
+# is killed and the tests not yet reported fail (no honest harness writes more: only a flood does)
 
 
 def _libc() -> ctypes.CDLL:
@@ -259,13 +260,16 @@ class _TooLarge(Exception):
 def _tagged(x: object, depth: int, size: list[int]) -> object:
     """x as JSON-ready data, exact builtin types only (type(x) is int: a bool is a bool, an int subclass or
     any other object is refused with TypeError). Tags: {"t": tuple, "s": set, "f": frozenset, "d": dict as
-    [[k, v], ...], "b": bytes hex, "c": complex [re, im]}; lists, str, int, float, bool and None are themselves."""
+    [[k, v], ...], "b": bytes hex, "c": complex [re, im], "i": a huge int in hex}; lists, str, int, float, bool
+    and None are themselves."""
     if depth > MAX_DEPTH:
         raise ValueError("nested too deeply")
     size[0] -= 1
     if size[0] < 0:
         raise _TooLarge()
     t = type(x)
+    if t is int and x.bit_length() > 4096:  # past Python's int<->decimal limit: hex has none
+        return {"i": hex(x)}
     if x is None or t is bool or t is int or t is float:
         return x
     if t is str:
@@ -365,7 +369,7 @@ def supervise(job: dict) -> dict:
 class _Reports:
     """The child's report lines -> one outcome per test. The child runs the completion, so every line may be
     forged: only lines with the nonce count, a test reported twice fails, indices outside 1..n, malformed or
-    oversize lines are dropped (and counted), and the whole report is bounded (REPORT_CAP). A forged line can
+    oversize lines are dropped (and counted), and the whole report is bounded (self.cap). A forged line can
     still carry an output, but not decide a pass: the scorer compares outputs with answers the child never had."""
 
     def __init__(self, nonce: str, n: int) -> None:
@@ -376,6 +380,7 @@ class _Reports:
         self.started = time.monotonic()
         self.anomalies = 0
         self.read = 0
+        self.cap = max(REPORT_CAP, (n + 1) * (VALUE_CAP + 4096))
         self.buf = b""
         self.skipping = False  # inside an oversize line: drop until its newline
         self.error = ""
@@ -448,7 +453,7 @@ class _Reports:
         if self.anomalies:
             out["anomalies"] = self.anomalies
         if status == "report_too_large":
-            error = f"the report passed {REPORT_CAP} bytes"
+            error = f"the report passed {self.cap} bytes"
         if error:
             out["error"] = error
         return out
@@ -469,7 +474,7 @@ def _collect(read_fd: int, reports: _Reports, per_test: float, wall_end: float) 
         if not chunk:
             return "ok"  # the code exited (or died): whatever it reported stands
         reports.feed(chunk)
-        if reports.read > REPORT_CAP:
+        if reports.read > reports.cap:
             return "report_too_large"
     return "ok"
 

@@ -107,6 +107,14 @@ def test_encode_decode_roundtrip_keeps_exact_types(value: object) -> None:
     assert [type(x) for x in back] == [type(x) for x in value] if isinstance(value, list) else type(back) is type(value)
 
 
+def test_huge_ints_travel_in_hex() -> None:
+    """Past Python's 4,300-digit limit of int <-> decimal text (a factorial, say), the value still comes back."""
+    for value in (-(7 ** 20000), [3 ** 9000, 1]):
+        text = sb._encode(value)
+        assert '"i":"-0x' in text or '"i":"0x' in text
+        assert decode_value(text) == value
+
+
 class IntSub(int):
     def __eq__(self, other: object) -> bool:
         return True
@@ -183,7 +191,7 @@ def test_report_shape_is_checked() -> None:
 
 def test_oversize_line_dropped_and_phase0_twice_is_an_error() -> None:
     r = sb._Reports("n0", 1)
-    r.feed(b"n0 value 1 " + b"9" * (sb.VALUE_CAP + 1000))
+    r.feed(b"n0 value 1 " + b"9" * (sb.VALUE_CAP + 1000))  # no honest line is that long
     r.feed(b"9" * 10 + b"\n" + lines("n0", "ok 0", "ok 0"))
     assert r.outcomes[1] is None and r.outcomes[0] == ["error", "reported twice"] and r.done()
     assert r.summary("ok", 0, 0.0, "none")["status"] == "program_error"
@@ -201,12 +209,14 @@ def test_collect_bounds_the_whole_report() -> None:
             os._exit(0)
     os.close(write_fd)
     try:
-        status = sb._collect(read_fd, sb._Reports("n0", 2), per_test=30.0, wall_end=float("inf"))
+        reports = sb._Reports("n0", 2)
+        status = sb._collect(read_fd, reports, per_test=30.0, wall_end=float("inf"))
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
         os.close(read_fd)
-    assert status == "report_too_large"
+    assert status == "report_too_large" and sb.REPORT_CAP < reports.read <= sb.REPORT_CAP + (1 << 16)
+    assert sb._Reports("n0", 100).cap == 101 * (sb.VALUE_CAP + 4096)  # room for every test's largest value
 
 
 def test_sandbox_end_to_end_reports_plain_outputs() -> None:
