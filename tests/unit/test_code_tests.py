@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from hpc_grpo.code_tests import NotConstant, decode_value, judge, plan_for, trusted_value
+from hpc_grpo.rewards.code_tests import NotConstant, decode_value, judge, plan_for, trusted_value
 from hpc_grpo.job import code_sandbox as sb
 
 
@@ -224,7 +224,7 @@ def test_sandbox_end_to_end_reports_plain_outputs() -> None:
     import subprocess
     import sys
 
-    from hpc_grpo.code_reward import SANDBOX
+    from hpc_grpo.rewards.code import SANDBOX
 
     code = ("import sys\ndef f(x):\n    if x == 2:\n        fr = sys._getframe(1)\n"
             "        while 'nonce' not in fr.f_locals:\n            fr = fr.f_back\n"

