@@ -179,8 +179,9 @@ def _child(job: dict, report_fd: int, nonce: str, uid: int | None, workdir: str)
 
 
 def _run_tests(job: dict, report_fd: int, nonce: str) -> None:
-    """Phase 0 defines the program; then each test. One report line when a phase starts, one with its outcome:
-    `value i JSON` (a call's result or a program's stdout, see _encode), `ok i` (a weak test raised nothing),
+    """Phase 0 defines the program; then each test, one after the other. One report line per phase, its outcome
+    (the next phase starts at once: the supervisor's clock for it starts with that line): `ok 0` or `error 0 Name`,
+    then `value i JSON` (a call's result or a program's stdout, see _encode), `ok i` (a weak test raised nothing),
     `raised i Name`, `unencodable i Type`, `toolarge i`. Nothing here decides pass or fail."""
     import io
 
@@ -208,7 +209,6 @@ def _run_tests(job: dict, report_fd: int, nonce: str) -> None:
 
     io_tests = any(isinstance(t, dict) and "stdin" in t for t in tests)
     glb: dict = {"__name__": "__main__" if io_tests else "solution"}
-    report("start 0")
     if not io_tests:  # function tests: define once, then each test sees the definitions
         try:
             run(job.get("setup", "") + "\n" + code, None, glb)
@@ -219,7 +219,6 @@ def _run_tests(job: dict, report_fd: int, nonce: str) -> None:
             return
     report("ok 0")
     for i, test in enumerate(tests, start=1):
-        report(f"start {i}")
         test = test if isinstance(test, dict) else {"exec": test}
         try:
             if "call" in test:
@@ -376,7 +375,7 @@ class _Reports:
         self.prefix = nonce.encode() + b" "
         self.n = n
         self.outcomes: list[list[str] | None] = [None] * (n + 1)  # index 0: the program phase (define)
-        self.current = -1  # the phase running: -1 before the harness's `start 0`
+        self.current = 0  # the phase running (0: the program's definition), and since when
         self.started = time.monotonic()
         self.anomalies = 0
         self.read = 0
@@ -410,12 +409,6 @@ class _Reports:
             self.anomalies += 1
             return
         kind, idx, rest = parts[0].decode("ascii", "replace"), int(parts[1]), parts[2] if len(parts) > 2 else b""
-        if kind == "start":
-            if self.current < idx <= self.n:  # forward only: a forged start cannot reset a running test's clock
-                self.current, self.started = idx, time.monotonic()
-            else:
-                self.anomalies += 1
-            return
         phase0 = kind in ("ok", "error") and idx == 0
         if not (phase0 or (kind in ("value", "ok", "raised", "unencodable", "toolarge") and 1 <= idx <= self.n)):
             self.anomalies += 1
@@ -433,6 +426,8 @@ class _Reports:
             self.outcomes[idx] = ["value", detail]
         else:
             self.outcomes[idx] = [kind, detail[:80]] if detail else [kind]
+        if idx + 1 > self.current:  # the next phase runs from now (forward only: a forged line gains at most n resets)
+            self.current, self.started = idx + 1, time.monotonic()
         if idx == 0 and kind == "error":
             self.error = detail[:80]
 
@@ -449,7 +444,7 @@ class _Reports:
         out = {"status": status, "total": self.n, "outcomes": self.outcomes[1:],
                "seconds": round(time.monotonic() - t0, 4), "isolation": isolation}
         if status == "timeout":
-            out["timed_out_in"] = max(self.current, 0)
+            out["timed_out_in"] = self.current
         if self.anomalies:
             out["anomalies"] = self.anomalies
         if status == "report_too_large":

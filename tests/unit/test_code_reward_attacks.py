@@ -197,9 +197,10 @@ builtins.repr = lambda x: "True"
 ''')),
     Row("patch_harness_encoder", fn("return True"), fn("return None", '''
 import sys
-m = sys.modules["__main__"]
-m._encode = lambda value, dumps=None: "true"
-m._tagged = lambda x, depth, size: True
+for m in list(sys.modules.values()):  # the harness's module, whatever its name
+    if hasattr(m, "_encode"):
+        m._encode = lambda value, dumps=None: "true"
+        m._tagged = lambda x, depth, size: True
 '''), effect=outcomes("value")),
     Row("patch_abs_isclose_type", fn("return 0"), fn("return Int(0)", '''
 import builtins, math

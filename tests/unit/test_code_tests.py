@@ -178,10 +178,10 @@ def lines(nonce: str, *words: str) -> bytes:
 
 def test_report_shape_is_checked() -> None:
     r = sb._Reports("n0", 3)
-    r.feed(lines("n0", "start 0", "ok 0", "start 1", "value 1 3", "start 2", "ok 2", "ok 2", "value 9 1", "value 0 1",
-                 "start 1", "bogus 3 x", "value 3x 1") + b"no nonce here\n" + lines("other", "value 3 3"))
+    r.feed(lines("n0", "ok 0", "value 1 3", "ok 2", "ok 2", "value 9 1", "value 0 1", "start 1", "bogus 3 x",
+                 "value 3x 1") + b"no nonce here\n" + lines("other", "value 3 3"))
     assert r.outcomes == [["ok"], ["value", "3"], ["invalid", "reported twice"], None]
-    assert r.current == 2 and r.anomalies == 8 and not r.done()
+    assert r.current == 3 and r.anomalies == 8 and not r.done()  # test 3 runs: its clock started at `ok 2`
     r.feed(b"n0 value 3 " + b"1" * 1000)  # split across reads
     r.feed(b"1\n")
     assert r.outcomes[3] == ["value", "1" * 1001] and r.done()
