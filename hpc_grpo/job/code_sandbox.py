@@ -25,7 +25,7 @@ The job's "isolation" (the recipe's grpo.code.isolation: "auto" or "limits-only"
   of every process the code started (this runner is their child subreaper, so setsid daemons die too), but
   the code runs with the user's own rights: it reads what the user reads and reaches the network.
   With "auto" this runner never falls back to it: where the namespaces cannot be made it reports a
-  sandbox_error (the scorer refuses earlier, from `--probe`: hpc_grpo/job/isolation.py).
+  sandbox_error (the scorer refuses earlier, from `--probe`: hpc_grpo.cluster.isolation.py).
 
 Always: limits on address space, CPU seconds, file size, open files, processes and core dumps; stdin/stdout/
 stderr on /dev/null; a per-test wall deadline enforced from OUTSIDE the code (this runner watches a pipe and

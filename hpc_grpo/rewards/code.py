@@ -2,7 +2,7 @@
 
 A completion is scored by running its code against the problem's tests in the sandbox
 (hpc_grpo/job/code_sandbox.py: its own process, namespaces and limits, killed at the end; without namespaces
-on the node it refuses to run unless grpo.code.isolation=limits-only: hpc_grpo/job/isolation.py):
+on the node it refuses to run unless grpo.code.isolation=limits-only: hpc_grpo.cluster.isolation.py):
 
     score = pass_weight * passed/total + style_weight * style      (style counted only if a test passed)
     score = -syntax_penalty * (1 - 0.5 * parsed share)             (the code does not compile)
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from hpc_grpo.job import isolation
+from hpc_grpo.cluster import isolation
 from hpc_grpo.rewards.code_tests import PlannedTests, judge, plan_for, plan_tests
 from hpc_grpo.rewards.gsm8k import completion_text
 
@@ -80,7 +80,7 @@ class RewardWeights:
     per_test_timeout: float = 1.0
     memory_mb: int = 1024
     max_procs: int = 32
-    isolation: str = "auto"  # grpo.code.isolation: auto | limits-only (hpc_grpo/job/isolation.py)
+    isolation: str = "auto"  # grpo.code.isolation: auto | limits-only (hpc_grpo.cluster.isolation.py)
 
 
 @dataclass
