@@ -162,11 +162,23 @@ def print_plan(plan: Any) -> None:
             out.print(f"  ~{sched.step_s:.0f} s per step (rough, calibrated on field report 004): ~{sched.steps_in_time_limit} "
                       f"steps fit in resources.time {r.resources.time}")
     out.print(f"Engine schema: {plan.schema_checked}")
+    print_eval_plan(spec)
     print_findings(plan.findings)
+
+
+def print_eval_plan(spec: Any) -> None:
+    """Which tasks the evaluation after training runs, and where (evaluate.summary)."""
+    from rich.markup import escape
+
+    from hpc_grpo.evaluate import describe, summary
+
+    out.print(f"[bold]Evaluation[/]: {escape(describe(summary(spec)))}")
 
 
 def plan_json(plan: Any) -> dict[str, Any]:
     from dataclasses import asdict
+
+    from hpc_grpo.evaluate import summary
 
     return {
         "run_name": plan.spec.run_name,
@@ -179,6 +191,7 @@ def plan_json(plan: Any) -> dict[str, Any]:
             "peak_phase": plan.memory.peak_phase},
         "schedule": None if plan.schedule is None else plan.schedule.as_dict(),
         "schema": plan.schema_checked,
+        "eval": summary(plan.spec),
         "findings": [f.as_dict() for f in plan.findings],
     }
 
@@ -292,6 +305,7 @@ def submit(
     files = render_all(spec)
     if dry_run:
         print_findings(result.findings)
+        print_eval_plan(spec)
         out.print(f"Would create {spec.run_dir} with:")
         for rel in files:
             out.print(f"  {rel}")
@@ -302,6 +316,9 @@ def submit(
     submission = submit_run(spec, files)
     out.print(f"Run directory: {submission.run_dir}")
     out.print(f"Job: {submission.job_id} ({submission.executor})")
+    if submission.eval is not None:
+        out.print(f"Eval job: {submission.eval.job_id} (afterany {submission.job_id})")
+    print_eval_plan(spec)
     out.print(f"Follow it: hpc-grpo status {spec.run_name}    logs: {submission.log_hint}")
     if wait is None:
         wait = spec.cluster.scheduler == "local"
@@ -588,6 +605,9 @@ def resume(
         return
     submission = submit_resume(plan)
     out.print(f"Job: {submission.job_id} ({submission.executor})")
+    if submission.eval is not None:
+        out.print(f"Eval job: {submission.eval.job_id} (afterany {submission.job_id})")
+    print_eval_plan(spec)
     out.print(f"Follow it: hpc-grpo status {spec.run_name}    logs: {submission.log_hint}")
     if wait is None:
         wait = spec.cluster.scheduler == "local"
@@ -653,7 +673,8 @@ def eval_cmd(
     max_gen_toks: Annotated[Optional[int], typer.Option("--max-gen-toks", min=1, help="with --model")] = None,
     as_json: JsonT = False,
 ) -> None:
-    """Score a run's checkpoint(s) on GSM8K with lm-eval (beside the base model), or any model with --model."""
+    """Score a run's checkpoint(s) on its eval.tasks (GSM8K with lm-eval, HumanEval pass@1 in the sandbox) beside
+    the base model, or any model with --model."""
     from hpc_grpo import evaluate
 
     task_list = [t for t in tasks.split(",") if t] if tasks else None
