@@ -119,6 +119,15 @@ def print_findings(findings: list[Finding], console: Any = out) -> None:
     console.print(t)
 
 
+def print_eval_plan(spec: Any) -> None:
+    """Which tasks the evaluation after training runs, and where (evaluate.summary)."""
+    from rich.markup import escape
+
+    from hpc_grpo.evaluate import describe, summary
+
+    out.print(f"[bold]Evaluation[/]: {escape(describe(summary(spec)))}")
+
+
 def print_plan(plan: Any) -> None:
     spec, lay, r = plan.spec, plan.layout, plan.spec.recipe
     out.print(f"[bold]{spec.run_name}[/]: recipe {r.name} ({r.engine}/{r.backend}) on cluster {spec.cluster.name}"
@@ -161,18 +170,9 @@ def print_plan(plan: Any) -> None:
         if sched.step_s:
             out.print(f"  ~{sched.step_s:.0f} s per step (rough, calibrated on field report 004): ~{sched.steps_in_time_limit} "
                       f"steps fit in resources.time {r.resources.time}")
-    out.print(f"Engine schema: {plan.schema_checked}")
     print_eval_plan(spec)
+    out.print(f"Engine schema: {plan.schema_checked}")
     print_findings(plan.findings)
-
-
-def print_eval_plan(spec: Any) -> None:
-    """Which tasks the evaluation after training runs, and where (evaluate.summary)."""
-    from rich.markup import escape
-
-    from hpc_grpo.evaluate import describe, summary
-
-    out.print(f"[bold]Evaluation[/]: {escape(describe(summary(spec)))}")
 
 
 def plan_json(plan: Any) -> dict[str, Any]:
@@ -190,8 +190,8 @@ def plan_json(plan: Any) -> dict[str, Any]:
             "fits": plan.memory.fits, "largest_term": plan.memory.largest_term, "phases": plan.memory.phase_gib(),
             "peak_phase": plan.memory.peak_phase},
         "schedule": None if plan.schedule is None else plan.schedule.as_dict(),
-        "schema": plan.schema_checked,
         "eval": summary(plan.spec),
+        "schema": plan.schema_checked,
         "findings": [f.as_dict() for f in plan.findings],
     }
 

@@ -159,20 +159,55 @@ def verl_python(explicit: str | None) -> str:
     return find(ROOT)
 
 
-def run_verl(groups: dict[str, dict[str, list[str]]], python: str, workers: int) -> dict[str, Any]:
-    """verl's scorer in its own venv (a subprocess); raises RuntimeError saying why when it cannot run."""
-    job = {"workers": workers, "data_source": "apps",
-           "groups": [{"kind": k, "completions": groups[k]["texts"], "ground_truths": groups[k]["verl"]}
-                      for k in KINDS if groups[k]["texts"]]}
+def _leftovers(pgid: int) -> list[int]:
+    """Processes still in the runner's process group (it has exited): prime_code's managers that outlived it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid:
+                    found.append(int(entry.name))
+            except (ProcessLookupError, PermissionError):
+                continue
+    return found
+
+
+def run_verl(groups: dict[str, dict[str, list[str]]], python: str, workers: int, batch: int) -> dict[str, Any]:
+    """verl's scorer in its own venv (a subprocess in a process group of its own, ended afterwards with whatever
+    it left behind); raises RuntimeError saying why when it cannot run."""
+    import signal
+    import tempfile
+
     if not Path(python).is_file():
         raise RuntimeError(f"{python} does not exist (bash tools/setup-env.sh verl builds .venv-verl, or set "
                            "HPC_GRPO_VERL_PYTHON / --verl-python)")
-    proc = subprocess.run([python, str(VERL_RUNNER)], input=json.dumps(job), capture_output=True, text=True,
-                          check=False, cwd="/tmp")
-    if proc.returncode != 0:
-        raise RuntimeError(f"{python} {VERL_RUNNER.name} exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
-    data = json.loads(proc.stdout.strip().splitlines()[-1])
-    res: dict[str, Any] = {"kinds": {}, "verl_version": data["verl_version"], "python": python}
+    n = sum(len(groups[k]["texts"]) for k in KINDS)
+    limit = 120.0 + 10.0 * n / workers  # verl's 5 s per completion, twice over, plus start-up: a hang, not a run
+    with tempfile.TemporaryDirectory(prefix="bench-verl-") as tmp:
+        job = {"workers": workers, "batch": batch, "data_source": "apps", "out": f"{tmp}/result.json",
+               "groups": [{"kind": k, "completions": groups[k]["texts"], "ground_truths": groups[k]["verl"]}
+                          for k in KINDS if groups[k]["texts"]]}
+        (Path(tmp) / "job.json").write_text(json.dumps(job))
+        with open(f"{tmp}/job.json") as stdin, open(f"{tmp}/log", "w") as log:
+            proc = subprocess.Popen([python, str(VERL_RUNNER)], stdin=stdin, stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=tmp, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                rc = None
+        left = _leftovers(proc.pid)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        tail = Path(f"{tmp}/log").read_text(errors="replace").strip()[-800:]
+        if rc is None:
+            raise RuntimeError(f"{VERL_RUNNER.name} did not finish in {limit:.0f} s (ended): {tail}")
+        if rc != 0 or not Path(job["out"]).is_file():
+            raise RuntimeError(f"{python} {VERL_RUNNER.name} exited {rc}: {tail}")
+        data = json.loads(Path(job["out"]).read_text())
+    res: dict[str, Any] = {"kinds": {}, "verl_version": data["verl_version"], "python": python, "batch": batch,
+                           "leftover_processes": len([p for p in left if p != proc.pid])}
     for g in data["groups"]:
         want = VERL_SCORE[g["kind"]]
         res["kinds"][g["kind"]] = {"n": len(g["scores"]), "wall_s": g["wall_s"],
@@ -235,6 +270,9 @@ def main() -> int:
     ap.add_argument("--verl-python", default=None, help="interpreter with full verl (default: $HPC_GRPO_VERL_PYTHON, "
                                                         "else .venv-verl of this checkout)")
     ap.add_argument("--no-verl", action="store_true", help="only our reward")
+    ap.add_argument("--verl-batch", type=int, default=None,
+                    help="completions per call of verl's scorer (default: 20 per worker, as a 7B step's 1,280 "
+                         "responses over verl's 64 processes; its 300 s limit per completion runs from the call's start)")
     ap.add_argument("--recipe", default="qwen2.5-7b-codegen")
     ap.add_argument("--cluster", default="a100-ib")
     ap.add_argument("--response-fill", type=float, default=0.5, help="mean response length / max_response_length")
@@ -257,7 +295,7 @@ def main() -> int:
     verl_error = "not run (--no-verl)" if args.no_verl else None
     if not args.no_verl:
         try:
-            verl = run_verl(groups, verl_python(args.verl_python), workers)
+            verl = run_verl(groups, verl_python(args.verl_python), workers, args.verl_batch or 20 * workers)
         except RuntimeError as exc:
             verl_error = f"not run: {exc}"
         loads["after_verl"] = load()
@@ -274,7 +312,8 @@ def main() -> int:
               "workers": workers, "load_average": loads, "per_test_timeout": args.per_test_timeout,
               "ours": {"isolation": ours["isolation"], "rates": ours_r},
               "verl": ({"version": verl["verl_version"], "scorer": "default_compute_score('apps') -> prime_code, "
-                        "continuous=True, via run_reward_scoring", "isolation": "none", "rates": verl_r}
+                        "continuous=True, via run_reward_scoring", "isolation": "none", "rates": verl_r,
+                        "batch": verl["batch"], "leftover_processes": verl["leftover_processes"]}
                        if verl else {"error": verl_error}),
               "ratio_ours_over_verl": ratio,
               "target_met": (ratio["all"] >= 1.0) if ratio else None,
@@ -289,7 +328,8 @@ def main() -> int:
     head = f"{'kind':8} {'n':>5}  {'ours /s':>9} {'per CPU':>8}"
     head += f"  {'verl /s':>9} {'per CPU':>8}  {'ours/verl':>9}" if verl_r else ""
     print(f"ours: isolation {ours['isolation']}, per-test timeout {args.per_test_timeout} s; verl "
-          + (f"{verl['verl_version']} prime_code (no isolation, 5 s per completion)" if verl else verl_error))
+          + (f"{verl['verl_version']} prime_code (no isolation, 5 s per completion, {verl['batch']} per call; "
+             f"{verl['leftover_processes']} process(es) it left behind were ended)" if verl else verl_error))
     print(head)
     for kind in (*[k for k in KINDS if k in ours_r], "all"):
         o = ours_r[kind]

@@ -10,10 +10,13 @@ manager spreads the calls over a ProcessPoolExecutor (verl.workers.reward_manage
 this runner calls that same function with `workers` processes.
 
 stdin: {"groups": [{"kind": "pass", "completions": [...], "ground_truths": [APPS in/out JSON strings]}, ...],
-        "workers": N, "data_source": "apps"}
-Each group is scored by one run_reward_scoring call and timed on its own (so the caller gets a rate per kind of
-completion; the groups one after another are the whole set).
-stdout (last line): {"groups": [{"kind", "wall_s", "scores"}], "verl_version", "data_source", "workers"}
+        "workers": N, "batch": B, "data_source": "apps", "out": PATH}
+Each group is scored in calls of B completions (verl scores one step's batch per call; its per-completion limit of
+300 s runs from the call's start, so a call must not hold more than its processes finish in that time) and timed
+on its own, so the caller gets a rate per kind of completion (the groups one after another are the whole set).
+The result goes to PATH as JSON: {"groups": [{"kind", "wall_s", "scores"}], "verl_version", "data_source",
+"workers", "batch"}. Not stdout: prime_code's multiprocessing managers can outlive a call (verl's pool terminates
+its workers at the end of each call) and would hold a pipe open; the caller ends this process group afterwards.
 Only verl and the standard library are imported here (not hpc_grpo): this runs in verl's venv.
 """
 
@@ -30,15 +33,20 @@ def main() -> int:
     from verl.utils.reward_score import default_compute_score
     from verl.workers.reward_manager.prime import run_reward_scoring
 
-    source, workers = job.get("data_source", "apps"), int(job["workers"])
+    source, workers, batch = job.get("data_source", "apps"), int(job["workers"]), int(job["batch"])
     out = []
     for group in job["groups"]:
         texts, gts = group["completions"], group["ground_truths"]
+        scores: list[float] = []
         t0 = time.monotonic()
-        scores = run_reward_scoring(default_compute_score, texts, gts, [source] * len(texts), num_processes=workers)
+        for i in range(0, len(texts), batch):
+            chunk = texts[i:i + batch]
+            scores += run_reward_scoring(default_compute_score, chunk, gts[i:i + batch], [source] * len(chunk),
+                                         num_processes=workers)
         out.append({"kind": group["kind"], "wall_s": time.monotonic() - t0, "scores": scores})
-    print(json.dumps({"groups": out, "verl_version": verl.__version__, "data_source": source, "workers": workers}),
-          flush=True)
+    with open(job["out"], "w") as f:
+        json.dump({"groups": out, "verl_version": verl.__version__, "data_source": source, "workers": workers,
+                   "batch": batch}, f)
     return 0
 
 
