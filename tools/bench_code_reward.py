@@ -7,7 +7,7 @@ by default half are the reference solution (pass), a quarter return None (fail),
 at the scorer's time limit); --mix changes the shares. Both scorers get the same completions and the same test
 pairs, one kind at a time (each kind timed on its own; one after another they are the whole set):
 
-- ours: hpc_grpo.code_reward.score_batch, the tests `assert f(ARGS) == EXPECTED`, on this machine's CPUs, exactly
+- ours: hpc_grpo.rewards.code.score_batch, the tests `assert f(ARGS) == EXPECTED`, on this machine's CPUs, exactly
   as the trl job and verl's reward workers run it (the sandbox, with whatever isolation it has here: printed);
 - verl's: verl.utils.reward_score.default_compute_score with data source "apps" (prime_code.compute_score,
   continuous=True: what verl 0.9.1 uses for code without a SandboxFusion URL; no isolation) through verl's prime
@@ -47,8 +47,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hpc_grpo.code_reward import RewardWeights, score_batch  # noqa: E402
-from hpc_grpo.humaneval import load_humaneval  # noqa: E402
+from hpc_grpo.rewards.code import RewardWeights, score_batch  # noqa: E402
+from hpc_grpo.evaluation.humaneval import load_humaneval  # noqa: E402
 
 KINDS = ("pass", "fail", "timeout")
 BODY = {"fail": "    return None\n", "timeout": "    while True:\n        pass\n"}
@@ -151,10 +151,10 @@ def run_ours(groups: dict[str, dict[str, list[str]]], weights: RewardWeights, wo
 
 
 def verl_python(explicit: str | None) -> str:
-    """$HPC_GRPO_VERL_PYTHON, else this checkout's .venv-verl (hpc_grpo.export.verl_python's rule)."""
+    """$HPC_GRPO_VERL_PYTHON, else this checkout's .venv-verl (hpc_grpo.evaluation.export.verl_python's rule)."""
     if explicit:
         return explicit
-    from hpc_grpo.export import verl_python as find
+    from hpc_grpo.evaluation.export import verl_python as find
 
     return find(ROOT)
 
@@ -229,8 +229,8 @@ def rates(res: dict[str, Any], cpus: int) -> dict[str, dict[str, float]]:
 
 
 def step_estimate(args: argparse.Namespace) -> dict[str, float]:
-    from hpc_grpo.models import resolve_shape
-    from hpc_grpo.resolve import resolve_spec
+    from hpc_grpo.config.resolve import resolve_spec
+    from hpc_grpo.planning.models import resolve_shape
 
     spec = resolve_spec(args.recipe, args.cluster)
     r = spec.recipe

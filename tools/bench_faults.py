@@ -33,8 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hpc_grpo import runs, slurm  # noqa: E402
-from hpc_grpo import checkpoints as ck  # noqa: E402
+from hpc_grpo.runstate import runs  # noqa: E402
+from hpc_grpo.cluster import slurm  # noqa: E402
+from hpc_grpo.runstate import checkpoints as ck  # noqa: E402
 from hpc_grpo.job import save_signal  # noqa: E402
 
 SHRINK = ["checkpoint.keep=2", "grpo.entropy_coeff=0.01", "batch.train=2", "batch.mini=2", "batch.micro_per_gpu=4",
@@ -73,7 +74,7 @@ def measure(fault: str, root: Path, base: list[str], env: dict[str, str], fault_
     extra = [f"train.total_training_steps={steps}", f"checkpoint.save_freq={save_freq}"]
     if fault == "time-limit":
         extra += ["resources.time=2", "cluster.signal_delay_s=75"]
-    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "submit", "cluster=slurm-dev",
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", "submit", "cluster=slurm-dev",
                            f"cluster.runs_root={root / 'runs'}", *base, *SHRINK, *extra, "--name", name, "--no-wait"],
                           capture_output=True, text=True, env=env, cwd=root, timeout=180, check=False)
     if proc.returncode != 0:
@@ -128,8 +129,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=400, help="max_steps (each run is cancelled once measured)")
     parser.add_argument("--save-freq", type=int, default=2, help="periodic saves (what scontrol requeue falls back to)")
     args = parser.parse_args()
-    from hpc_grpo.data import prepare_gsm8k
-    from hpc_grpo.tiny_model import ensure_tiny_model
+    from hpc_grpo.data.gsm8k import prepare_gsm8k
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     root = Path(tempfile.mkdtemp(prefix="bench-faults-"))
     (root / "home").mkdir()

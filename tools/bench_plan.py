@@ -75,12 +75,12 @@ def main() -> int:
 
     sys.path.insert(0, str(REPO))
     from hpc_grpo.engines.verl import VerlEngine
-    from hpc_grpo.resolve import resolve_spec
+    from hpc_grpo.config.resolve import resolve_spec
 
     cmd = VerlEngine().command(resolve_spec(a.recipe, a.cluster, ["cluster.runs_root=/nonexistent/runs"], run_name="bench"))
     py = sys.executable
     env = {**os.environ, "WANDB_MODE": "offline"}
-    plan = [py, "-m", "hpc_grpo.cli", "plan", f"recipe={a.recipe}", f"cluster={a.cluster}",
+    plan = [py, "-m", "hpc_grpo.cli.app", "plan", f"recipe={a.recipe}", f"cluster={a.cluster}",
             "cluster.runs_root=/nonexistent/runs", "--name", "bench", "--json"]
     subprocess.run(plan, capture_output=True, env=env)  # warm the schema cache (once per verl version + config hash)
     rows: list[tuple[str, str, tuple[float, float], tuple[float, float] | None, float, str]] = []

@@ -55,7 +55,7 @@ def build(run: Path, n: int, world: int, payload: int) -> None:
 
 
 def time_prune(run: Path, workers: int) -> tuple[float, int]:
-    from hpc_grpo import prune
+    from hpc_grpo.runstate import retention as prune
 
     prune.WORKERS = workers
     t0 = time.perf_counter()
@@ -76,13 +76,13 @@ def time_rm(run: Path, keep: str) -> float:
 LIST_PROBE = """
 import sys, time, json
 t0 = time.perf_counter()
-from hpc_grpo import prune
+from hpc_grpo.runstate import retention as prune
 t1 = time.perf_counter()
 c1 = time.process_time()
 r = prune.prune_run(sys.argv[1], "verl", prune.Policy(keep_last=3, keep_every=100, grace_s=0), dry_run=True)
 t2 = time.perf_counter()
 cpu = time.process_time() - c1
-from hpc_grpo import checkpoints
+from hpc_grpo.runstate import checkpoints
 full = checkpoints.list_checkpoints(sys.argv[1], "verl")
 t3 = time.perf_counter()
 print(json.dumps({"import_s": t1 - t0, "prune_list_s": t2 - t1, "n": len(r.verdicts),

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hpc_grpo import slurm  # noqa: E402
+from hpc_grpo.cluster import slurm  # noqa: E402
 from hpc_grpo.job.ray_probe import leftover_pids  # noqa: E402
 
 JOB_DEADLINE_S = 240.0
@@ -90,7 +90,7 @@ class CpuSampler(threading.Thread):
 
 
 def run_one(root: Path, env: dict[str, str], nodes: int, name: str, cpu: CpuSampler) -> dict:
-    argv = [sys.executable, "-m", "hpc_grpo.cli", "submit", "recipe=ray-probe", "cluster=slurm-dev",
+    argv = [sys.executable, "-m", "hpc_grpo.cli.app", "submit", "recipe=ray-probe", "cluster=slurm-dev",
             f"cluster.runs_root={root}", f"resources.nodes={nodes}", "--name", name, "--no-wait"]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=root.parent, timeout=120, check=False)
     if proc.returncode != 0:

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 try:
-    from hpc_grpo.tiny_model import ensure_tiny_model
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from hpc_grpo.tiny_model import ensure_tiny_model
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
 
 
 def main(argv: list[str] | None = None) -> int:

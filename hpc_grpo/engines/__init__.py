@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hpc_grpo.findings import Finding
-from hpc_grpo.spec import RunSpec
+from hpc_grpo.common.findings import Finding
+from hpc_grpo.config.spec import RunSpec
 
 
 @dataclass(frozen=True, slots=True)

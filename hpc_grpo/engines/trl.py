@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo import checkpoints, runs
+from hpc_grpo.runstate import checkpoints, runs
 from hpc_grpo.engines import EngineCommand, Override
-from hpc_grpo.findings import Finding, error, info, warning
-from hpc_grpo.spec import RunSpec
+from hpc_grpo.common.findings import Finding, error, info, warning
+from hpc_grpo.config.spec import RunSpec
 
 ENTRY = ["-m", "hpc_grpo.job.trl_job"]  # after the job's interpreter (spec.python)
 
@@ -90,7 +90,7 @@ TRAIN_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 def checkpoint_dir(spec: RunSpec) -> Path:
     """Absolute, inside the run directory: a requeued job on another node finds it there. Listing and
-    judging the folders in it is hpc_grpo.checkpoints' job."""
+    judging the folders in it is hpc_grpo.runstate.checkpoints' job."""
     return checkpoints.checkpoint_dir(spec.path)
 
 

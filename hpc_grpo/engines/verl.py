@@ -8,20 +8,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpc_grpo import checkpoints, runs
+from hpc_grpo.runstate import checkpoints, runs
 from hpc_grpo.engines import EngineCommand, Override, verl_cpu
-from hpc_grpo.engines.metrics import VERL_LOG
+from hpc_grpo.runstate.metrics import VERL_LOG
 from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_key_for
-from hpc_grpo.findings import Finding, error
-from hpc_grpo.spec import RunSpec
+from hpc_grpo.common.findings import Finding, error
+from hpc_grpo.config.spec import RunSpec
 
 ENTRY = ["-m", "verl.trainer.main_ppo"]  # after the job's interpreter (spec.python)
 # verl 0.9.1 loads reward.custom_reward_function (the top-level custom_reward_function is the legacy key)
 # with verl.utils.import_utils.load_extern_object, which imports pkg:// paths as installed modules.
-CODE_REWARD_PATH = "pkg://hpc_grpo.code_reward"
+CODE_REWARD_PATH = "pkg://hpc_grpo.rewards.code"
 CODE_REWARD_NAME = "compute_score"
 # verl's built-in GSM8K scorer is strict with format score 0; anything else is ours, with the same semantics
-GSM8K_REWARD_PATH = "pkg://hpc_grpo.rewards"
+GSM8K_REWARD_PATH = "pkg://hpc_grpo.rewards.gsm8k"
 
 # verl's CPU mode (hpc_grpo.engines.verl_cpu): settings verl's trainer needs on CPU, measured with verl 0.9.1.
 # FSDP2 (FSDP1 passes a device index), no torch.compile / flash-attention paths (remove-padding needs flash-attn),
@@ -43,7 +43,7 @@ CPU_OVERRIDES = {
 
 def checkpoint_dir(spec: RunSpec) -> Path:
     """Absolute: verl's default is relative to the working directory, which differs per node. Listing
-    and judging the folders in it is hpc_grpo.checkpoints' job."""
+    and judging the folders in it is hpc_grpo.runstate.checkpoints' job."""
     return checkpoints.checkpoint_dir(spec.path)
 
 

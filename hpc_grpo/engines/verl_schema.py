@@ -23,8 +23,8 @@ import re
 import warnings
 from pathlib import Path
 
-from hpc_grpo.atomic import write_text_atomic
-from hpc_grpo.findings import Finding, error
+from hpc_grpo.common.atomic import write_text_atomic
+from hpc_grpo.common.findings import Finding, error
 
 _OVERRIDE_RE = re.compile(r"Could not override '([^']+)'")
 _APPEND_RE = re.compile(r"Could not append to config\. An item is already at '([^']+)'")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpc_grpo import restart, runs, slurm
-from hpc_grpo.spec import RunSpec
+from hpc_grpo.runstate import restart, runs
+from hpc_grpo.cluster import slurm
+from hpc_grpo.config.spec import RunSpec
 
 
 def predecessor_state(job_id: str) -> str | None:
@@ -37,7 +38,7 @@ def start(spec: RunSpec, job_id: str, rank: int, after: str | None) -> bool:
             runs.append_history(run_dir, job_id, "requeue", "slurm",
                                 note=f"{decision.reason}; chained after job {after}, which ended {state}")
     if rank == 0:
-        from hpc_grpo.submit import submit_follow_on
+        from hpc_grpo.launch.submit import submit_follow_on
 
         follow = submit_follow_on(spec, job_id)
         runs.append_history(run_dir, follow, "chain", "slurm", note=f"follow-on of job {job_id} (afternotok)")

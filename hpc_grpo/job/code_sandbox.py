@@ -2,7 +2,7 @@
 
 Policy completions are hostile by accident (loops, fork bombs, huge allocations) and, under a reward
 that pays for passing tests, can learn to be hostile on purpose. So each completion's tests run in a
-process of their own, started fresh by the scorer (hpc_grpo/code_reward.py), which this file is:
+process of their own, started fresh by the scorer (hpc_grpo/rewards/code.py), which this file is:
 
 - As root (the usual case in containers and CI): new network namespace (no interface is up, not even
   loopback, so no socket reaches anything), new mount namespace with private tmpfs on /tmp, /var/tmp

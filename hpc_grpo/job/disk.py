@@ -16,8 +16,8 @@ import re
 import sys
 from pathlib import Path
 
-from hpc_grpo import checkpoints as ck
-from hpc_grpo import runs
+from hpc_grpo.runstate import checkpoints as ck
+from hpc_grpo.runstate import runs
 
 RESERVE = ".hpc-grpo-reserve"
 RESERVE_BYTES = 64 * 1024
@@ -127,7 +127,7 @@ def report(run_dir: Path, message: str) -> None:
 
 def check_after_failure(spec_path: Path) -> None:
     """After a driver failed (verl's node 0): say so plainly if the disk is full. Never raises."""
-    from hpc_grpo.resolve import load_frozen
+    from hpc_grpo.config.resolve import load_frozen
 
     try:
         spec = load_frozen(spec_path)

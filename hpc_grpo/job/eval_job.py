@@ -2,7 +2,7 @@
 or `--model PATH [--out DIR]`.
 
 Queued after a training job (`--if-trained --after JOB`: Slurm starts it `afterany` that job, whatever its end),
-it first asks hpc_grpo.trained whether the run is trained (train_done.json, or its newest complete checkpoint at
+it first asks hpc_grpo.runstate.trained whether the run is trained (train_done.json, or its newest complete checkpoint at
 the final step); if not it exits at once, and the history says why ("skipped").
 
 For each chosen checkpoint: take a reader lease (prune leaves it alone), export it to RUN/exports/step_N/
@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo import evaluate, runs, scoring
-from hpc_grpo.evaluate import EvalSettings
+from hpc_grpo.evaluation import evaluate, scoring
+from hpc_grpo.runstate import runs
+from hpc_grpo.evaluation.evaluate import EvalSettings
 from hpc_grpo.job.trl_job import write_json_atomic
-from hpc_grpo.spec import GSM8K_TASKS, RunSpec
+from hpc_grpo.config.spec import GSM8K_TASKS, RunSpec
 
 
 class EvalError(RuntimeError):
@@ -40,7 +41,7 @@ def log(message: str) -> None:
 
 
 def score_model(model_dir: str | Path, settings: EvalSettings, task_dir: Path) -> dict[str, Any]:
-    """One HF folder on every task: GSM8K through lm-eval, humaneval through hpc_grpo.humaneval (the training
+    """One HF folder on every task: GSM8K through lm-eval, humaneval through hpc_grpo.evaluation.humaneval (the training
     reward's sandboxed executor, pass@1); scores per task, timing and throughput."""
     lm_tasks = [t for t in settings.tasks if t in GSM8K_TASKS]
     result: dict[str, Any] = {"model": str(model_dir), "scores": {}, "wall_time_s": 0.0,
@@ -57,7 +58,7 @@ def score_model(model_dir: str | Path, settings: EvalSettings, task_dir: Path) -
         result["wall_time_s"] += raw["wall_time_s"]
         result.update(lm_eval_version=raw["lm_eval_version"], lm_eval_cli=args.cli(task_dir))
     if "humaneval" in settings.tasks:
-        from hpc_grpo import humaneval
+        from hpc_grpo.evaluation import humaneval
 
         t0 = time.time()
         log(f"humaneval: pass@1, {settings.limit or 'all'} problems, greedy")
@@ -91,7 +92,7 @@ def base_scores(model: str, settings: EvalSettings, cache_root: Path, task_dir: 
 
 def choose(spec: RunSpec, steps: list[int], all_kept: bool) -> list[Any]:
     """The checkpoints to evaluate: --step N..., every complete one (--all-kept), or the newest complete one."""
-    from hpc_grpo import checkpoints
+    from hpc_grpo.runstate import checkpoints
 
     ckpts = checkpoints.list_checkpoints(spec.path, spec.recipe.engine)
     complete = [c for c in ckpts if c.complete]
@@ -116,7 +117,7 @@ def base_model_path(spec: RunSpec) -> str:
 
 def evaluate_run(spec: RunSpec, steps: list[int], all_kept: bool, tasks: list[str] | None,
                  limit: int | None) -> list[Path]:
-    from hpc_grpo import export
+    from hpc_grpo.evaluation import export
 
     settings = evaluate.settings_for(spec, tasks, limit)
     run_dir = spec.path
@@ -187,9 +188,9 @@ def evaluate_model(model: str, out: Path | None, tasks: list[str] | None, limit:
 
 
 def trained_gate(spec: RunSpec, after: str | None) -> Any:
-    """The verdict of hpc_grpo.trained for a run this job was queued after. Live training jobs other than this one
+    """The verdict of hpc_grpo.runstate.trained for a run this job was queued after. Live training jobs other than this one
     and the one it follows (Slurm said that one ended) mean the run is still going."""
-    from hpc_grpo import trained
+    from hpc_grpo.runstate import trained
 
     own = os.environ.get("SLURM_JOB_ID")
     evals = {e.job_id for e in runs.read_history(spec.path) if e.purpose == "eval"}
@@ -234,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="evaluate only if the run is trained (train_done.json or its final checkpoint)")
     parser.add_argument("--after", default=None, help="with --if-trained: the training job this job was queued after")
     args = parser.parse_args(argv)
-    from hpc_grpo.resolve import load_frozen
-    from hpc_grpo.export import ExportError
-    from hpc_grpo.yamlio import SpecError
+    from hpc_grpo.config.resolve import load_frozen
+    from hpc_grpo.evaluation.export import ExportError
+    from hpc_grpo.common.yamlio import SpecError
 
     tasks = evaluate.check_tasks(args.tasks.split(",")) if args.tasks else None
     try:

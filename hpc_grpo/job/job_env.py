@@ -1,7 +1,7 @@
 """Who and where this job task is: job id, attempt, node index, the job's nodes and their addresses.
 
 The one place in-job code reads the scheduler's environment (SLURM_*, submitit's local job id); the Slurm commands
-themselves go through hpc_grpo.slurm. A local job (cluster=local, submitit's LocalExecutor) is one node whose
+themselves go through hpc_grpo.cluster.slurm. A local job (cluster=local, submitit's LocalExecutor) is one node whose
 address comes from the cluster profile (a loopback address other than 127.0.0.1, see Cluster.local_address).
 """
 
@@ -62,7 +62,7 @@ def _need(environ: Mapping[str, str], key: str) -> str:
 def slurm_layout(environ: Mapping[str, str], nodes: int) -> NodeLayout:
     """The layout from Slurm: node names from SLURM_JOB_NODELIST, addresses from each node's NodeAddr (never
     127.0.0.1, never a DNS answer), this task's node from SLURMD_NODENAME and SLURM_NODEID."""
-    from hpc_grpo import slurm
+    from hpc_grpo.cluster import slurm
 
     job_id = _need(environ, "SLURM_JOB_ID")
     index = int(_need(environ, "SLURM_NODEID"))

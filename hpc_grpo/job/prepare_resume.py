@@ -10,7 +10,7 @@ engines, before the engine starts: the newest COMPLETE checkpoint is where train
   to the chosen step; the old content is kept in the history line.
 - What it did goes into history.jsonl as a "start" event of the job.
 - A verl FSDP checkpoint saved at another world size than the job's is refused before anything moves (verl
-  cannot load it; hpc_grpo.resume.check_world_size, which `hpc-grpo resume` applies first): the job fails at
+  cannot load it; hpc_grpo.commands.resume.check_world_size, which `hpc-grpo resume` applies first): the job fails at
   once with a "failed" event in the history that says what to do, instead of dying at load.
 
 All of it happens under runs.checkpoint_lock(run_dir), the lock prune takes too.
@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpc_grpo import checkpoints as ck
-from hpc_grpo import runs
-from hpc_grpo.atomic import write_text_atomic
+from hpc_grpo.runstate import checkpoints as ck
+from hpc_grpo.runstate import runs
+from hpc_grpo.common.atomic import write_text_atomic
 from hpc_grpo.job.job_env import job_identity, restart_count
 
 if TYPE_CHECKING:
-    from hpc_grpo.spec import RunSpec
+    from hpc_grpo.config.spec import RunSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,7 @@ def prepare(run_dir: Path, engine: str, spec: RunSpec | None = None) -> Prepared
         ckpts = ck.list_checkpoints(run_dir, engine)
         best = ck.newest_complete(ckpts)
         if spec is not None:
-            from hpc_grpo.resume import check_world_size
+            from hpc_grpo.commands.resume import check_world_size
 
             check_world_size(spec, best)
         floor = best.step if best else -1
@@ -118,7 +118,7 @@ def prepare_and_record(run_dir: Path, engine: str, spec: RunSpec | None = None) 
     """prepare(), its "start" line in the history, and the disk-full reserve (hpc_grpo.job.disk); a refused
     world size becomes a "failed" line (status shows it as why the job stopped) and is raised again."""
     from hpc_grpo.job import disk
-    from hpc_grpo.resume import WorldSizeMismatch
+    from hpc_grpo.commands.resume import WorldSizeMismatch
 
     job_id, executor = job_identity()
     try:
@@ -147,8 +147,8 @@ def _write_tracker(run_dir: Path, step: int) -> None:
 def prepare_for_job(spec_path: Path, args_out: Path | None = None) -> list[str] | None:
     """Resume preparation at a job's start from its frozen spec: the engine's resume overrides (also written to
     `args_out`, one a line), or None when it failed (said on stderr; a refused world size is in the history)."""
-    from hpc_grpo.resolve import load_frozen
-    from hpc_grpo.yamlio import SpecError
+    from hpc_grpo.config.resolve import load_frozen
+    from hpc_grpo.common.yamlio import SpecError
 
     try:
         spec = load_frozen(spec_path)

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hpc_grpo import checkpoints as ck
-from hpc_grpo.engines.metrics import METRICS_FILE
-from hpc_grpo.prune import job_prune
+from hpc_grpo.runstate import checkpoints as ck
+from hpc_grpo.runstate.metrics import METRICS_FILE
+from hpc_grpo.runstate.retention import job_prune
 
 
 

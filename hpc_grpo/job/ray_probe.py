@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpc_grpo.atomic import write_text_atomic
+from hpc_grpo.common.atomic import write_text_atomic
 
 
 def probe() -> dict:

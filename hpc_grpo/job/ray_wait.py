@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hpc_grpo.atomic import write_text_atomic
+from hpc_grpo.common.atomic import write_text_atomic
 from hpc_grpo.job.ray_start import port_open
 
 POLL_S = 0.1

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo.atomic import write_text_atomic
+from hpc_grpo.common.atomic import write_text_atomic
 
 MARKER = "signal_save.json"
 REQUEST = "save_request"

@@ -24,15 +24,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo import checkpoints as ck
-from hpc_grpo import runs
-from hpc_grpo.atomic import write_text_atomic as write_atomic
-from hpc_grpo.checkpoints import Checkpoint
-from hpc_grpo.engines.metrics import METRICS_FILE, parse_record
+from hpc_grpo.runstate import checkpoints as ck
+from hpc_grpo.runstate import runs
+from hpc_grpo.common.atomic import write_text_atomic as write_atomic
+from hpc_grpo.runstate.checkpoints import Checkpoint
+from hpc_grpo.runstate.metrics import METRICS_FILE, parse_record
 from hpc_grpo.engines.trl import checkpoint_dir, grpo_config_kwargs, lora_config_kwargs
 from hpc_grpo.job import disk, prepare_resume, save_signal
-from hpc_grpo.prune import job_prune
-from hpc_grpo.spec import RunSpec
+from hpc_grpo.runstate.retention import job_prune
+from hpc_grpo.config.spec import RunSpec
 
 DONE_FILE = runs.DONE_FILE
 LENGTHS_FILE = "prompt_lengths.json"
@@ -111,7 +111,7 @@ def prepare_model(spec: RunSpec) -> str:
     if (path / "config.json").is_file():
         return str(path)
     if path.name.startswith("tiny"):
-        from hpc_grpo.tiny_model import ensure_tiny_model
+        from hpc_grpo.data.tiny_model import ensure_tiny_model
 
         log(f"building the tiny model in {path}")
         return str(ensure_tiny_model(path))
@@ -130,7 +130,7 @@ def load_train_dataset(spec: RunSpec) -> Any:
 
     path = Path(spec.recipe.data.train_files)
     if not path.is_file():
-        raise JobError(f"data.train_files {path} does not exist: prepare GSM8K first (hpc_grpo.data.prepare_gsm8k)")
+        raise JobError(f"data.train_files {path} does not exist: prepare GSM8K first (hpc_grpo.data.gsm8k.prepare_gsm8k)")
     kind = "parquet" if path.suffix == ".parquet" else "json"
     ds = load_dataset(kind, data_files=str(path), split="train")
     if "ground_truth" not in ds.column_names and "reward_model" in ds.column_names:
@@ -217,11 +217,11 @@ def reward_function(spec: RunSpec) -> Any:
     """The recipe's reward for trl: GSM8K's scorer, or the execution reward over the job's CPUs."""
     g = spec.recipe.grpo
     if g.reward == "code_exec":
-        from hpc_grpo.code_reward import RewardWeights, make_trl_code_reward
+        from hpc_grpo.rewards.code import RewardWeights, make_trl_code_reward
 
         workers = spec.recipe.resources.cpus_per_task or len(os.sched_getaffinity(0))
         return make_trl_code_reward(RewardWeights(**g.code.model_dump()), workers=workers)
-    from hpc_grpo.rewards import make_trl_reward
+    from hpc_grpo.rewards.gsm8k import make_trl_reward
 
     return make_trl_reward(g.reward.removeprefix("gsm8k_"), g.format_score)
 
@@ -327,7 +327,7 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=spec.recipe.model.trust_remote_code)
     dataset = filter_prompts(load_train_dataset(spec), tokenizer, spec, model_path)
     if spec.recipe.grpo.reward == "code_exec":
-        from hpc_grpo.code_reward import parse_ground_truth
+        from hpc_grpo.rewards.code import parse_ground_truth
 
         try:
             parse_ground_truth(dataset[0]["ground_truth"])
@@ -444,8 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     # First of all: from here on a USR2 asks for a save instead of killing the process.
     on_signal = save_signal.SaveOnSignal(args.spec.resolve().parent)
     on_signal.install()
-    from hpc_grpo.resolve import load_frozen
-    from hpc_grpo.yamlio import SpecError
+    from hpc_grpo.config.resolve import load_frozen
+    from hpc_grpo.common.yamlio import SpecError
 
     try:
         spec = load_frozen(args.spec)

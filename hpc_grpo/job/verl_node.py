@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from hpc_grpo.engines.metrics import VERL_LOG
+from hpc_grpo.runstate.metrics import VERL_LOG
 from hpc_grpo.job import node_plan, proc_tree
 from hpc_grpo.job.job_env import JobEnvError, NodeLayout, node_layout
 

@@ -40,8 +40,8 @@ def _venv() -> Path:
 
 def test_tiny_verl_trains_on_cluster_local_despite_a_stray_ray_token(tmp_path: Path) -> None:
     venv = _venv()
-    from hpc_grpo.data import prepare_gsm8k
-    from hpc_grpo.tiny_model import ensure_tiny_model
+    from hpc_grpo.data.gsm8k import prepare_gsm8k
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     model = ensure_tiny_model(tmp_path / "models" / "tiny-qwen2")
     data = prepare_gsm8k(GSM8K, tmp_path / "data")
@@ -54,7 +54,7 @@ def test_tiny_verl_trains_on_cluster_local_despite_a_stray_ray_token(tmp_path: P
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(HOME=str(home), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     run = tmp_path / "runs" / "tv"
-    argv = [sys.executable, "-m", "hpc_grpo.cli", "submit", "recipe=tiny-verl", "cluster=local",
+    argv = [sys.executable, "-m", "hpc_grpo.cli.app", "submit", "recipe=tiny-verl", "cluster=local",
             f"cluster.setup.venv={venv}", f"cluster.runs_root={tmp_path / 'runs'}", f"model.path={model}",
             f"data.train_files={data.verl_train}", f"data.val_files={data.verl_test}",
             "train.total_training_steps=2", "eval.enabled=false", "--name", "tv", "--wait"]

@@ -1,4 +1,4 @@
-"""hpc_grpo.slurm and submitit against the real local cluster (tools/slurm-dev): no mocks."""
+"""hpc_grpo.cluster.slurm and submitit against the real local cluster (tools/slurm-dev): no mocks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import slurm
+from hpc_grpo.cluster import slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 

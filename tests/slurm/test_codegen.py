@@ -1,7 +1,7 @@
 """Code generation end to end on the real local Slurm cluster, submitted by an unprivileged user (nobody trains as
 root on a cluster): `hpc-grpo data codegen` from the shipped problems file, then `submit recipe=tiny-codegen` (trl
 on CPU, the execution reward in the job) and its chained eval job, which evaluates HumanEval by default (a code
-reward's tasks, spec.default_eval_tasks) with no GSM8K file anywhere. Checked: the training job COMPLETED with a
+reward's tasks, config.spec.default_eval_tasks) with no GSM8K file anywhere. Checked: the training job COMPLETED with a
 reward logged for every step and its checkpoints; the eval job COMPLETED with HumanEval pass@1 for the base model
 and the trained policy in RUN/eval/step_4.json; Slurm ran both jobs as the user; nothing in the test's folder
 belongs to anyone else.
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import runs
-from hpc_grpo.resolve import load_frozen
+from hpc_grpo.config.resolve import load_frozen
+from hpc_grpo.runstate import runs
 from tests.slurm.test_submit import wait_final
 from tests.slurm.test_unprivileged import USER, As, _owners, _sacct_user, as_user
 

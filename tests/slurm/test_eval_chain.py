@@ -6,7 +6,7 @@ evaluation wait on the dependency while training runs, both end COMPLETED, RUN/e
 flexible scores on 5 GSM8K test problems, and the `lm_eval` CLI run by hand on the same export with the same local
 task gives the same numbers and the same generations. No stand-ins.
 
-afterany, not afterok: the eval job decides itself whether the run is trained (hpc_grpo.trained). Two more runs
+afterany, not afterok: the eval job decides itself whether the run is trained (hpc_grpo.runstate.trained). Two more runs
 check that decision on real jobs: one whose training job fails after its final save (field report 004's W&B
 teardown error; here the final train_done.json write fails because that path is a folder) is evaluated and
 `status` says "trained ... then failed"; one cancelled mid-training is not evaluated, and its eval job ends at
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import runs, slurm
+from hpc_grpo.runstate import runs
+from hpc_grpo.cluster import slurm
 from tests.slurm.test_submit import GSM8K, Env, make_env, wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -34,7 +35,7 @@ LIMIT = 5
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
-    from hpc_grpo.data import prepare_gsm8k
+    from hpc_grpo.data.gsm8k import prepare_gsm8k
 
     e = make_env(tmp_path_factory.mktemp("evalchain"))
     data = prepare_gsm8k(GSM8K, e.root / "data")

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import runs, slurm
-from hpc_grpo.resolve import load_frozen
+from hpc_grpo.runstate import runs
+from hpc_grpo.cluster import slurm
+from hpc_grpo.config.resolve import load_frozen
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -46,7 +47,7 @@ def bare_env(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
 
 def submit(root: Path, env: dict[str, str], *args: str) -> tuple[Path, str]:
     name = f"interp-{os.getpid():x}-{int(time.time() * 1000) % 10**7:x}"
-    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "submit", "cluster=slurm-dev",
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", "submit", "cluster=slurm-dev",
                            f"cluster.runs_root={root / 'runs'}", *args, "--name", name, "--no-wait"],
                           capture_output=True, text=True, env=env, cwd=root, timeout=180, stdin=subprocess.DEVNULL,
                           check=False)
@@ -91,7 +92,7 @@ def test_ray_probe_runs_on_the_frozen_interpreter(bare_env: tuple[Path, dict[str
 def test_trl_job_runs_on_the_frozen_interpreter(bare_env: tuple[Path, dict[str, str]]) -> None:
     if not GSM8K.is_dir():
         pytest.fail(f"{GSM8K} is missing: the GSM8K files live in ../shared beside the checkout", pytrace=False)
-    from hpc_grpo.data import prepare_gsm8k
+    from hpc_grpo.data.gsm8k import prepare_gsm8k
 
     root, env = bare_env
     data = prepare_gsm8k(GSM8K, root / "data")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import runs, slurm
+from hpc_grpo.runstate import runs
+from hpc_grpo.cluster import slurm
 from hpc_grpo.job.ray_probe import leftover_pids
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -71,7 +72,7 @@ def test_ray_bootstrap_across_nodes(nodes: int, tmp_path: Path) -> None:
     name = f"probe-{nodes}n"
     run_dir = root / name
     out = run_dir / "probe.json"
-    argv = [sys.executable, "-m", "hpc_grpo.cli", "submit", "recipe=ray-probe", "cluster=slurm-dev",
+    argv = [sys.executable, "-m", "hpc_grpo.cli.app", "submit", "recipe=ray-probe", "cluster=slurm-dev",
             f"cluster.runs_root={root}", f"resources.nodes={nodes}",
             f"launch.driver=[python3,-m,hpc_grpo.job.ray_probe,--out,{out}]", "--name", name, "--no-wait"]
     t0 = time.monotonic()

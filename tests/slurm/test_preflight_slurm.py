@@ -20,12 +20,13 @@ import sys
 
 import pytest
 
-from hpc_grpo import runs, slurm
+from hpc_grpo.runstate import runs
+from hpc_grpo.cluster import slurm
 from tests.slurm.test_submit import GSM8K, TINY, TRAIN_DEADLINE_S, Env, jobs_named, last_job, make_env, wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
-CLI = [sys.executable, "-m", "hpc_grpo.cli"]
+CLI = [sys.executable, "-m", "hpc_grpo.cli.app"]
 SECRETS = {"WANDB_API_KEY": "fake-wandb-key-6f1d2c9a7e", "HF_TOKEN": "hf_fakeToken8b3e51d0c4"}
 FAKE_NVIDIA_SMI = """#!/bin/bash
 # Stand-in for nvidia-smi (no GPUs here): answers --query-gpu=index,name,utilization.gpu,memory.used,memory.total
@@ -44,7 +45,7 @@ done
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
-    from hpc_grpo.data import prepare_gsm8k
+    from hpc_grpo.data.gsm8k import prepare_gsm8k
 
     # ../shared beside the checkout; a git worktree under <root>/wt/ finds it beside <root>
     gsm8k = next((p for p in (GSM8K, Path(__file__).resolve().parents[4] / "shared" / "data" / "gsm8k") if p.is_dir()),

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import checkpoints as ck
-from hpc_grpo import runs, slurm
+from hpc_grpo.runstate import checkpoints as ck
+from hpc_grpo.runstate import runs
+from hpc_grpo.cluster import slurm
 from tests.slurm.test_submit import Env, make_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -48,7 +49,7 @@ def wait_until(what: str, cond, job_id: str, end: float) -> None:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     if not GSM8K.is_dir():
         pytest.fail(f"{GSM8K} is missing: the GSM8K files live in ../shared beside the checkout", pytrace=False)
-    from hpc_grpo.data import prepare_gsm8k
+    from hpc_grpo.data.gsm8k import prepare_gsm8k
 
     e = make_env(tmp_path_factory.mktemp("prune"))
     data = prepare_gsm8k(GSM8K, e.root / "data")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import runs
-from hpc_grpo.resolve import load_frozen
+from hpc_grpo.runstate import runs
+from hpc_grpo.config.resolve import load_frozen
 from tests.slurm.test_submit import GSM8K
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -45,7 +45,7 @@ def test_rehearse_the_fsdp_lora_recipe_on_cpu(tmp_path: Path) -> None:
     drop = {"WANDB_API_KEY", "HF_TOKEN", "HPC_GRPO_PATH", "RAY_ADDRESS", "VIRTUAL_ENV"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(HOME=str(home), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    cli = [sys.executable, "-m", "hpc_grpo.cli"]
+    cli = [sys.executable, "-m", "hpc_grpo.cli.app"]
     proc = subprocess.run([*cli, "data", "gsm8k", "--source", str(GSM8K)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

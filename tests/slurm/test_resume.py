@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import checkpoints as ck
-from hpc_grpo import runs, slurm
+from hpc_grpo.runstate import checkpoints as ck
+from hpc_grpo.runstate import runs
+from hpc_grpo.cluster import slurm
 from tests.slurm.test_submit import GSM8K, TRAIN_DEADLINE_S, Env, make_env, wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -28,8 +29,8 @@ STEPS, SAVE = 6, 2
 def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     if not GSM8K.is_dir():
         pytest.fail(f"{GSM8K} is missing: the GSM8K files live in ../shared beside the checkout", pytrace=False)
-    from hpc_grpo.data import prepare_gsm8k
-    from hpc_grpo.tiny_model import ensure_tiny_model
+    from hpc_grpo.data.gsm8k import prepare_gsm8k
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     e = make_env(tmp_path_factory.mktemp("resume"))
     data = prepare_gsm8k(GSM8K, e.root / "data")

@@ -27,7 +27,8 @@ import pytest
 
 from tests.conftest import require_gsm8k
 
-from hpc_grpo import restart, runs, slurm
+from hpc_grpo.runstate import restart, runs
+from hpc_grpo.cluster import slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -58,7 +59,7 @@ class Env:
         return f"{base}-{self.tag}"
 
     def argv(self, name: str, *args: str, cluster: str = "slurm-dev", wait: bool = False) -> list[str]:
-        return [sys.executable, "-m", "hpc_grpo.cli", "submit", f"cluster={cluster}",
+        return [sys.executable, "-m", "hpc_grpo.cli.app", "submit", f"cluster={cluster}",
                 f"cluster.runs_root={self.runs_root}", *self.tiny, *SHRINK, *args, "--name", name,
                 "--wait" if wait else "--no-wait"]
 
@@ -72,8 +73,8 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     gsm8k = require_gsm8k()
-    from hpc_grpo.data import prepare_gsm8k
-    from hpc_grpo.tiny_model import ensure_tiny_model
+    from hpc_grpo.data.gsm8k import prepare_gsm8k
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     root = tmp_path_factory.mktemp("signals")
     (root / "home").mkdir()

@@ -1,6 +1,6 @@
 """`hpc-grpo submit` against the real local Slurm cluster (tools/slurm-dev) and the local executor: no mocks.
 
-Every command runs as a user would run it (`python -m hpc_grpo.cli ...` in a subprocess, `--no-wait` on Slurm), with
+Every command runs as a user would run it (`python -m hpc_grpo.cli.app ...` in a subprocess, `--no-wait` on Slurm), with
 HOME, the working directory and the runs root inside the test's temp dir, W&B offline and the Hub off. The tiny-gsm8k
 job (trl on CPU) builds its tiny model on first use into the temp dir and trains 4 steps, checkpointing every 2.
 """
@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import render, runs, slurm
+from hpc_grpo.launch import render
+from hpc_grpo.runstate import runs
+from hpc_grpo.cluster import slurm
 from hpc_grpo.job.ray_probe import leftover_pids
-from hpc_grpo.resolve import load_frozen
+from hpc_grpo.config.resolve import load_frozen
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -42,7 +44,7 @@ class Env:
         return f"{base}-{self.tag}"
 
     def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "hpc_grpo.cli", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", *args], capture_output=True, text=True,
                               env=self.env, cwd=self.root, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
 
     def submit(self, *args: str, cluster: str = "slurm-dev", wait: bool = False,
@@ -70,7 +72,7 @@ def make_env(root: Path) -> Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     if not GSM8K.is_dir():
         pytest.fail(f"{GSM8K} is missing: the GSM8K files live in ../shared beside the checkout", pytrace=False)
-    from hpc_grpo.data import prepare_gsm8k
+    from hpc_grpo.data.gsm8k import prepare_gsm8k
 
     e = make_env(tmp_path_factory.mktemp("submit"))
     data = prepare_gsm8k(GSM8K, e.root / "data")

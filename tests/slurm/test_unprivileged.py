@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import runs
+from hpc_grpo.runstate import runs
 from tests.slurm.test_submit import GSM8K, REPO, wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]

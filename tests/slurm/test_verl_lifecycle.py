@@ -26,9 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import runs, slurm
-from hpc_grpo.engines import metrics
-from hpc_grpo.engines.metrics import VERL_LOG
+from hpc_grpo.runstate import runs
+from hpc_grpo.cluster import slurm
+from hpc_grpo.runstate import metrics
+from hpc_grpo.runstate.metrics import VERL_LOG
 from tests.slurm.test_submit import GSM8K, REPO, Env, make_env, wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -43,8 +44,8 @@ DEADLINE_S = 900.0  # two verl start-ups (~60-90 s each on 2 shared cores), 5 st
 def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     if not (VENV / "bin" / "python").is_file():
         pytest.fail(f"{VENV} is missing: run `bash tools/setup-env.sh verl` (tools/run-tests.sh does)", pytrace=False)
-    from hpc_grpo.data import prepare_gsm8k
-    from hpc_grpo.tiny_model import ensure_tiny_model
+    from hpc_grpo.data.gsm8k import prepare_gsm8k
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     e = make_env(tmp_path_factory.mktemp("verllife"))
     data = prepare_gsm8k(GSM8K, e.root / "data")
@@ -143,7 +144,7 @@ def test_verl_lifecycle_preempted_resumed_pruned_evaluated(env: Env) -> None:
     assert st["last_step"] == STEPS, st
     proc = env.cli("report", str(run_dir))
     assert proc.returncode == 0 and (run_dir / "report.png").is_file(), proc.stdout + proc.stderr
-    from hpc_grpo import report
+    from hpc_grpo.commands import report
 
     rep = report.build(run_dir)
     for curve in ("reward", "kl", "response length"):

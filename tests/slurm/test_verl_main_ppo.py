@@ -33,10 +33,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import runs, slurm
+from hpc_grpo.runstate import runs
+from hpc_grpo.cluster import slurm
 from hpc_grpo.engines import get_engine
 from hpc_grpo.job import verl_node
-from hpc_grpo.resolve import load_frozen
+from hpc_grpo.config.resolve import load_frozen
 from tests.launch_script import node_argv
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -130,7 +131,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
     drop = {"WANDB_API_KEY", "HF_TOKEN", "HPC_GRPO_PATH", "RAY_ADDRESS", "VIRTUAL_ENV"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(HOME=str(root / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(stub))
-    cli = [sys.executable, "-m", "hpc_grpo.cli"]
+    cli = [sys.executable, "-m", "hpc_grpo.cli.app"]
     for args in (["model", "tiny", "--out", str(root / "model")],
                  ["data", "gsm8k", "--source", str(GSM8K), "--out", str(root / "data")]):
         proc = subprocess.run([*cli, *args], env=env, cwd=root, capture_output=True, text=True, timeout=300,
@@ -158,7 +159,7 @@ def test_main_ppo_reaches_the_gpu_step_in_a_2_node_job(backend: str,
     root, env, inputs = setup
     name = f"mainppo-{backend}-{os.getpid():x}{int(time.time()) % 100000:x}"
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "submit", "cluster=slurm-dev", *RECIPES[backend],
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", "submit", "cluster=slurm-dev", *RECIPES[backend],
                            *inputs, "--name", name, "--no-wait"],
                           env=env, cwd=root, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
                           check=False)

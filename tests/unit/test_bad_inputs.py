@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import cli
+from hpc_grpo.cli import app as cli
 from tests.conftest import tree
 
 GOOD = """\

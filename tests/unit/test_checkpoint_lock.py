@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import runs
+from hpc_grpo.runstate import runs
 
 
 def _no_flock(*_args: object) -> None:

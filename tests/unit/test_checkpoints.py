@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc_grpo import checkpoints as ck
+from hpc_grpo.runstate import checkpoints as ck
 from tests import ckpt_trees as trees
 
 
@@ -155,7 +155,7 @@ def test_quarantine_moves_and_never_deletes(tmp_path: Path) -> None:
     bad2 = trees.verl_fsdp(tmp_path, 2)
     moved2 = ck.quarantine(tmp_path, ck.judge(bad2, "verl"))
     assert moved2 != moved and moved.exists() and moved2.exists()
-    from hpc_grpo.prune import quarantined
+    from hpc_grpo.runstate.retention import quarantined
 
     assert [p for p, _, _ in quarantined(tmp_path)] == sorted([moved, moved2])  # what status and prune list
 
@@ -175,7 +175,7 @@ def test_no_run_dir_and_bad_engine(tmp_path: Path) -> None:
 
 
 def test_module_imports_no_torch() -> None:
-    code = "import sys, hpc_grpo.checkpoints; print(sorted(m for m in ('torch','safetensors','numpy') if m in sys.modules))"
+    code = "import sys, hpc_grpo.runstate.checkpoints; print(sorted(m for m in ('torch','safetensors','numpy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

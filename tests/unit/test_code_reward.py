@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo.code_reward import (RewardWeights, compute_score, extract_code, make_trl_code_reward,
+from hpc_grpo.rewards.code import (RewardWeights, compute_score, extract_code, make_trl_code_reward,
                                   score_batch, score_completion)
 
 ROOT = os.geteuid() == 0
@@ -158,7 +158,7 @@ def test_compute_score_through_verls_loader(tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.create({"reward": {"custom_reward_function": {
-        "path": "pkg://hpc_grpo.code_reward", "name": "compute_score",
+        "path": "pkg://hpc_grpo.rewards.code", "name": "compute_score",
         "reward_kwargs": {"pass_weight": 1.0, "style_weight": 0.1, "per_test_timeout": 1.0}}}})
     fn = reward_mod.get_custom_reward_fn(cfg)
     out = fn(data_source="hpc-grpo/codegen", solution_str=fenced("def add(a, b):\n    return a + b"),
@@ -173,7 +173,7 @@ def test_fallback_without_namespaces() -> None:
     import subprocess
     import sys
 
-    from hpc_grpo.code_reward import SANDBOX
+    from hpc_grpo.rewards.code import SANDBOX
 
     job = {"code": "import os, time\nif os.fork() == 0:\n    time.sleep(10**6)\ndef add(a, b):\n    return a + b\n",
            "tests": ["assert add(1, 2) == 3", "while True: pass", "assert add(0, 0) == 0"],
@@ -193,17 +193,17 @@ def test_verl_codegen_recipe_renders_the_reward() -> None:
     """The 7B recipe's main_ppo call loads this module's compute_score with the recipe's weights, and a
     passthrough that would point the reward elsewhere is refused (one source per setting)."""
     from hpc_grpo.engines.verl import VerlEngine
-    from hpc_grpo.resolve import resolve_spec
+    from hpc_grpo.config.resolve import resolve_spec
 
     spec = resolve_spec("qwen2.5-7b-codegen", "a100-ib")
     argv = VerlEngine().command(spec).argv
-    assert "reward.custom_reward_function.path=pkg://hpc_grpo.code_reward" in argv
+    assert "reward.custom_reward_function.path=pkg://hpc_grpo.rewards.code" in argv
     assert "reward.custom_reward_function.name=compute_score" in argv
     assert "+reward.custom_reward_function.reward_kwargs.style_weight=0.1" in argv
     assert not any(a.startswith("custom_reward_function.") for a in argv)  # the legacy top-level key
     import importlib
 
-    mod = importlib.import_module("hpc_grpo.code_reward")
+    mod = importlib.import_module("hpc_grpo.rewards.code")
     assert callable(getattr(mod, "compute_score"))
     clash = resolve_spec("qwen2.5-7b-codegen", "a100-ib", overrides=["reward.custom_reward_function.path=/x.py"])
     assert any(f.key == "passthrough.reward.custom_reward_function.path" for f in VerlEngine().check(clash))
@@ -211,7 +211,7 @@ def test_verl_codegen_recipe_renders_the_reward() -> None:
 
 def test_trl_job_picks_the_execution_reward() -> None:
     from hpc_grpo.job.trl_job import reward_function
-    from hpc_grpo.resolve import resolve_spec
+    from hpc_grpo.config.resolve import resolve_spec
 
     fn = reward_function(resolve_spec("tiny-codegen", "local"))
     assert fn.__name__ == "code_exec"

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo.code_reward import score_completion
-from hpc_grpo.codegen_data import SHIPPED_PROBLEMS, load_problems, normalize, prepare_codegen
-from hpc_grpo.data import DataError
+from hpc_grpo.rewards.code import score_completion
+from hpc_grpo.data.codegen import SHIPPED_PROBLEMS, load_problems, normalize, prepare_codegen
+from hpc_grpo.data.gsm8k import DataError
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HOME=str(cwd))
-    return subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "data", "codegen", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", "data", "codegen", *args], capture_output=True,
                           text=True, cwd=cwd, env=env, timeout=120)
 
 
@@ -71,7 +71,7 @@ def test_mbpp_apps_taco_humaneval_layouts(tmp_path: Path) -> None:
 
 
 def test_overlong_prompts_dropped(tmp_path: Path) -> None:
-    from hpc_grpo.tiny_model import ensure_tiny_model
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     model = ensure_tiny_model(tmp_path / "tiny-qwen2")
     f = tmp_path / "p.jsonl"

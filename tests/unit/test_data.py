@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import require_gsm8k
 
-from hpc_grpo.data import PROMPT_SUFFIX, DataError, load_jsonl, prepare_gsm8k
+from hpc_grpo.data.gsm8k import PROMPT_SUFFIX, DataError, load_jsonl, prepare_gsm8k
 
 SHARED_GSM8K = Path(__file__).resolve().parents[2].parent / "shared/data/gsm8k"
 VERL_COLUMNS = {"data_source", "prompt", "ability", "reward_model", "extra_info"}
@@ -198,7 +198,7 @@ def test_data_module_import_is_cheap() -> None:
     import subprocess
     import sys
 
-    code = "import sys, hpc_grpo.data; print(','.join(m for m in ('pyarrow', 'datasets', 'torch') if m in sys.modules))"
+    code = "import sys, hpc_grpo.data.gsm8k; print(','.join(m for m in ('pyarrow', 'datasets', 'torch') if m in sys.modules))"
     repo = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

@@ -13,15 +13,15 @@ import pytest
 
 from tests.unit.test_eval_scoring import lm_eval_score
 
-from hpc_grpo.rewards import gsm8k_reward
+from hpc_grpo.rewards.gsm8k import gsm8k_reward
 
 
 def test_eval_model_on_the_tiny_model(isolated: Path, gsm8k_dir: Path) -> None:
-    from hpc_grpo.tiny_model import ensure_tiny_model
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     model = ensure_tiny_model(isolated / "tiny-qwen2")
     env = {**os.environ, "HF_HOME": str(isolated / "hf"), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "eval", "--model", str(model), "--limit", "3",
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", "eval", "--model", str(model), "--limit", "3",
                            "--num-fewshot", "0", "--max-gen-toks", "24", "--test-file", f"{gsm8k_dir}/test.jsonl",
                            "--train-file", f"{gsm8k_dir}/train.jsonl", "--out", str(isolated / "out")],
                           capture_output=True, text=True, env=env, cwd=isolated, timeout=400, check=False)
@@ -40,11 +40,11 @@ def test_eval_model_on_the_tiny_model(isolated: Path, gsm8k_dir: Path) -> None:
 
 
 def test_eval_model_bad_input_exits_2(isolated: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "eval", "--model", str(isolated / "nope"),
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", "eval", "--model", str(isolated / "nope"),
                            "--test-file", str(isolated / "t.jsonl"), "--train-file", str(isolated / "t.jsonl")],
                           capture_output=True, text=True, cwd=isolated, timeout=60, check=False)
     assert proc.returncode == 2 and "does not exist" in proc.stderr + proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "eval", "--model", str(isolated), "--tasks", "mmlu"],
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", "eval", "--model", str(isolated), "--tasks", "mmlu"],
                           capture_output=True, text=True, cwd=isolated, timeout=60, check=False)
     assert proc.returncode == 2 and "unknown task" in proc.stderr + proc.stdout
 
@@ -52,11 +52,11 @@ def test_eval_model_bad_input_exits_2(isolated: Path) -> None:
 def test_eval_humaneval_beside_gsm8k_and_alone_without_gsm8k_files(isolated: Path, gsm8k_dir: Path) -> None:
     """`--tasks gsm8k,humaneval` scores both into one JSON (HumanEval through the sandboxed executor of the
     training reward); humaneval alone needs no GSM8K files (HPC_GRPO_DATA points at an empty folder)."""
-    from hpc_grpo.tiny_model import ensure_tiny_model
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     model = ensure_tiny_model(isolated / "tiny-qwen2")
     env = {**os.environ, "HF_HOME": str(isolated / "hf"), "HF_HUB_OFFLINE": "1", "HPC_GRPO_DATA": str(isolated / "none")}
-    common = [sys.executable, "-m", "hpc_grpo.cli", "eval", "--model", str(model), "--limit", "2", "--max-gen-toks", "16"]
+    common = [sys.executable, "-m", "hpc_grpo.cli.app", "eval", "--model", str(model), "--limit", "2", "--max-gen-toks", "16"]
     both = subprocess.run([*common, "--tasks", "gsm8k,humaneval", "--num-fewshot", "0", "--out", str(isolated / "both"),
                            "--test-file", f"{gsm8k_dir}/test.jsonl", "--train-file", f"{gsm8k_dir}/train.jsonl"],
                           capture_output=True, text=True, env=env, cwd=isolated, timeout=400, check=False)

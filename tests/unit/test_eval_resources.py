@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import evaluate, render, scoring
-from hpc_grpo.findings import Severity
-from hpc_grpo.plan import run_plan
-from hpc_grpo.resolve import resolve_spec
-from hpc_grpo.yamlio import SpecError
+from hpc_grpo.evaluation import evaluate, scoring
+from hpc_grpo.launch import render
+from hpc_grpo.common.findings import Severity
+from hpc_grpo.planning.plan import run_plan
+from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.common.yamlio import SpecError
 from tests.unit.test_golden import PAIRS
 from tests.unit.test_plan import header_matrix
 
@@ -138,7 +139,8 @@ def test_render_writes_the_eval_script_beside_the_training_one(isolated: Path) -
 
 def test_submit_dry_run_shows_the_eval_script(isolated: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """Only the plan's submit-time checks (data and model on disk) are relaxed: the files do not exist here."""
-    from hpc_grpo import cli, plan
+    from hpc_grpo.cli import app as cli
+    from hpc_grpo.planning import plan
 
     real = plan.run_plan
     monkeypatch.setattr(plan, "run_plan", lambda spec, schema=True, for_submit=False: real(spec, schema=False))

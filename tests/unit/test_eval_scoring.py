@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpc_grpo import scoring
-from hpc_grpo.evaluate import Placement
-from hpc_grpo.rewards import gsm8k_reward
+from hpc_grpo.evaluation import scoring
+from hpc_grpo.evaluation.evaluate import Placement
+from hpc_grpo.rewards.gsm8k import gsm8k_reward
 
 FILLER = " and that is all there is to say about it." * 10  # 430 characters without a digit
 

@@ -1,4 +1,4 @@
-"""Which tasks a recipe evaluates after training: one rule (spec.default_eval_tasks), applied where the recipe is
+"""Which tasks a recipe evaluates after training: one rule (config.spec.default_eval_tasks), applied where the recipe is
 validated, so the frozen spec, plan, preflight and the eval job read the same list.
 
 A recipe whose reward trains code (grpo.reward=code_exec) evaluates humaneval and needs no GSM8K file; any other
@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import evaluate, registry, runs
-from hpc_grpo.plan import run_plan
-from hpc_grpo.resolve import load_frozen, load_raw, resolve_spec
-from hpc_grpo.spec import Eval, Grpo, Recipe, default_eval_tasks
+from hpc_grpo.config import registry
+from hpc_grpo.config.resolve import load_frozen, load_raw, resolve_spec
+from hpc_grpo.config.spec import Eval, Grpo, Recipe, default_eval_tasks
+from hpc_grpo.evaluation import evaluate
+from hpc_grpo.planning.plan import run_plan
+from hpc_grpo.runstate import runs
 
 CODEGEN = ("tiny-codegen", "qwen2.5-7b-codegen")
 CLUSTER = {"tiny-codegen": "slurm-dev", "qwen2.5-7b-codegen": "a100-ib"}
@@ -82,7 +84,7 @@ def test_recipes_built_in_code_follow_the_same_rule() -> None:
 
 def test_the_frozen_spec_records_the_list(isolated: Path) -> None:
     """The eval job reads the frozen spec: it must name humaneval itself, not leave it to be re-derived."""
-    from hpc_grpo.render import render_all
+    from hpc_grpo.launch.render import render_all
 
     spec = spec_of("tiny-codegen", isolated)
     text = render_all(spec)[runs.SPEC]
@@ -99,7 +101,7 @@ def test_the_frozen_spec_records_the_list(isolated: Path) -> None:
 ])
 def test_plan_says_which_tasks_the_eval_job_runs(recipe: str, words: list[str], isolated: Path,
                                                  monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    from hpc_grpo import cli
+    from hpc_grpo.cli import app as cli
 
     cluster = CLUSTER.get(recipe, "a100-ib")
     base = ["recipe=" + recipe, f"cluster={cluster}", f"cluster.runs_root={isolated}", "--no-schema"]

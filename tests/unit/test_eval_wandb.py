@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import runs
-from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.runstate import runs
+from hpc_grpo.config.resolve import resolve_spec
 
 pytest.importorskip("wandb")
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import evaluate, render, report
-from hpc_grpo.resolve import resolve_spec
-from hpc_grpo.yamlio import SpecError
+from hpc_grpo.evaluation import evaluate
+from hpc_grpo.launch import render
+from hpc_grpo.commands import report
+from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.common.yamlio import SpecError
 
 
 def spec_for(tmp: Path, cluster: str = "slurm-dev", *overrides: str):
@@ -46,7 +48,7 @@ def test_eval_nodes_other_than_one_are_refused(isolated: Path) -> None:
 def test_submit_eval_runs_without_the_callers_slurm_variables(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Submitted from inside a job (SLURM_* set), the eval job must not inherit them; SLURM_CONF survives.
     sbatch itself is stood in for: the environment is captured at the moment submitit would call it."""
-    from hpc_grpo import submit
+    from hpc_grpo.launch import submit
 
     spec = spec_for(isolated)
     spec.path.mkdir(parents=True)
@@ -71,12 +73,12 @@ def test_submit_eval_runs_without_the_callers_slurm_variables(isolated: Path, mo
     assert seen["SLURM_CONF"] == "/etc/slurm-test.conf" and seen["extra"] == [("dependency", "afterany:77")]
     assert seen["callable"] == "EvalJob"
     assert os.environ["SLURM_JOB_ID"] == "77"  # the caller's environment is back afterwards
-    assert [(e.purpose, e.job_id, e.note) for e in __import__("hpc_grpo.runs", fromlist=["x"]).read_history(spec.path)] \
+    assert [(e.purpose, e.job_id, e.note) for e in __import__("hpc_grpo.runstate.runs", fromlist=["x"]).read_history(spec.path)] \
         == [("eval", "501", "afterany:77")]
 
 
 def test_data_files_from_the_recorded_source_or_an_error_naming_the_key(isolated: Path, gsm8k_dir: Path) -> None:
-    from hpc_grpo.data import prepare_gsm8k
+    from hpc_grpo.data.gsm8k import prepare_gsm8k
 
     data = prepare_gsm8k(gsm8k_dir, isolated / "data")
     spec = spec_for(isolated, "local", f"data.val_files={data.trl_test}", f"data.train_files={data.trl_train}")
@@ -162,7 +164,7 @@ def test_report_from_trl_metrics(tmp_path: Path) -> None:
 
 
 def test_plan_refuses_an_eval_that_cannot_run(isolated: Path) -> None:
-    from hpc_grpo.plan import run_plan
+    from hpc_grpo.planning.plan import run_plan
 
     spec = resolve_spec("qwen2.5-3b-gsm8k-lora", "slurm-dev", [f"cluster.runs_root={isolated}", "eval.backend=vllm",
                                                              "eval.tp=2", "eval.resources.gpus_per_node=1"])

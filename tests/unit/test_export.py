@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch")
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from hpc_grpo import export  # noqa: E402
-from hpc_grpo.tiny_model import ensure_tiny_model  # noqa: E402
+from hpc_grpo.evaluation import export  # noqa: E402
+from hpc_grpo.data.tiny_model import ensure_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +142,6 @@ def test_merger_command_is_verls_documented_call(tmp_path: Path, monkeypatch: py
     cmd = export.merger_command(Path("/r/global_step_2/actor"), Path("/out"))
     assert cmd[1:] == ["-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir",
                        "/r/global_step_2/actor", "--target_dir", "/out"]
-    assert cmd[0] in (sys.executable, str(Path(export.__file__).resolve().parents[1] / ".venv-verl/bin/python"))
+    assert cmd[0] in (sys.executable, str(Path(export.__file__).resolve().parents[2] / ".venv-verl/bin/python"))
     monkeypatch.setenv("HPC_GRPO_VERL_PYTHON", "/opt/verl/bin/python")
     assert export.merger_command(Path("/a"), Path("/b"))[0] == "/opt/verl/bin/python"

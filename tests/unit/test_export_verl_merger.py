@@ -1,7 +1,7 @@
 """Export of a verl FSDP LoRA checkpoint through verl 0.9.1's REAL merger, checked by logits: merged == base + adapter.
 
 `python -m verl.model_merger merge --backend fsdp` runs in `.venv-verl` (full verl; it cannot share this venv,
-whose transformers is too new for verl), called by hpc_grpo.export exactly as a run's evaluation calls it. Only the
+whose transformers is too new for verl), called by hpc_grpo.evaluation.export exactly as a run's evaluation calls it. Only the
 checkpoint is made by the test, not by verl's FSDP trainer (which needs GPUs): the files are the ones verl's
 FSDPCheckpointManager.save_checkpoint writes for world size 1 (verl/utils/checkpoint/fsdp_checkpoint_manager.py):
 `model_world_size_1_rank_0.pt` (the peft-wrapped model's state dict: `base_model.model.*.base_layer.weight`,
@@ -28,9 +28,9 @@ torch = pytest.importorskip("torch")
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from hpc_grpo import checkpoints as ck  # noqa: E402
-from hpc_grpo import export  # noqa: E402
-from hpc_grpo.tiny_model import ensure_tiny_model  # noqa: E402
+from hpc_grpo.runstate import checkpoints as ck  # noqa: E402
+from hpc_grpo.evaluation import export  # noqa: E402
+from hpc_grpo.data.tiny_model import ensure_tiny_model  # noqa: E402
 
 IDS = torch.tensor([[5, 17, 33, 2, 40, 41, 7, 9]])
 R, ALPHA = 4, 8

@@ -11,7 +11,7 @@ LONG_KEY = "passthrough.actor_rollout_ref.actor.megatron.override_transformer_co
 
 def test_findings_are_whole_lines_in_a_pipe(tmp_path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "hpc_grpo.cli", "plan", "recipe=qwen2.5-7b-codegen", "cluster=a100-ib",
+        [sys.executable, "-m", "hpc_grpo.cli.app", "plan", "recipe=qwen2.5-7b-codegen", "cluster=a100-ib",
          "cluster.runs_root=/nonexistent/runs", "--no-schema", "checkpoint.save_freq=500",
          LONG_KEY.removeprefix("passthrough.") + "=selective"],
         capture_output=True, text=True, timeout=120,

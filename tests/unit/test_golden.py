@@ -8,7 +8,7 @@ Normalisation: render_sbatch puts `sys.executable` (the interpreter submitit's s
 scripts/sbatch.sh; it differs per machine, so `normalise` replaces it with the literal `{python}` before comparing.
 Nothing else is rewritten.
 
-Pairs are discovered when the tests are collected (hpc_grpo.registry.list_names), so a new recipe or cluster
+Pairs are discovered when the tests are collected (hpc_grpo.config.registry.list_names), so a new recipe or cluster
 profile gets a golden test, which fails until its files exist. To (re)write the files after an intended change:
 
     UPDATE_GOLDEN=1 python -m pytest tests/unit/test_golden.py
@@ -27,9 +27,9 @@ from unittest import mock
 
 import pytest
 
-from hpc_grpo import registry
-from hpc_grpo.render import render_all
-from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.config import registry
+from hpc_grpo.launch.render import render_all
+from hpc_grpo.config.resolve import resolve_spec
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 RUN_NAME = "golden"

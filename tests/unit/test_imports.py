@@ -11,7 +11,7 @@ HEAVY = ("torch", "transformers", "trl", "wandb", "lm_eval", "peft", "datasets",
 PROBE = """
 import json, sys
 sys.argv = ["hpc-grpo", *json.loads(sys.argv[1])]
-from hpc_grpo import cli
+from hpc_grpo.cli import app as cli
 try:
     cli.main()
 except SystemExit:
@@ -53,9 +53,9 @@ def test_status_and_runs_import_nothing_heavy(tmp_path) -> None:
 
 def test_status_with_monitor_and_logs_import_nothing_heavy(tmp_path) -> None:
     """status (with its progress and hints) and logs read a real run directory without the training stack."""
-    from hpc_grpo.resolve import resolve_spec
-    from hpc_grpo.render import render_all, write_files
-    from hpc_grpo import runs
+    from hpc_grpo.config.resolve import resolve_spec
+    from hpc_grpo.launch.render import render_all, write_files
+    from hpc_grpo.runstate import runs
 
     spec = resolve_spec("tiny-gsm8k", "local", [f"cluster.runs_root={tmp_path}"], run_name="r")
     write_files(spec.path, render_all(spec))
@@ -73,9 +73,9 @@ def test_prune_imports_nothing_heavy(tmp_path) -> None:
     mods = loaded("prune-ckpts", str(tmp_path / "no-such-run"), "--dry-run", "--json")
     assert "hpc_grpo" in mods
     assert not mods & set(HEAVY), mods & set(HEAVY)
-    import hpc_grpo.prune  # noqa: F401  (the module itself: the CLI path above may stop at locating the run)
+    import hpc_grpo.runstate.retention  # noqa: F401  (the module itself: the CLI path above may stop at locating the run)
 
-    probe = "import sys, hpc_grpo.prune, hpc_grpo.job.prune_poller; print(sorted({m.split('.')[0] for m in sys.modules}))"
+    probe = "import sys, hpc_grpo.runstate.retention, hpc_grpo.job.prune_poller; print(sorted({m.split('.')[0] for m in sys.modules}))"
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert not set(eval(proc.stdout)) & set(HEAVY), proc.stdout
 
@@ -90,8 +90,8 @@ def test_eval_and_report_front_ends_import_nothing_heavy(tmp_path) -> None:
 
 def test_resume_planning_imports_nothing_heavy(tmp_path) -> None:
     """`resume` decides (live job, finished run, overrides, newest checkpoint) before anything heavy loads."""
-    from hpc_grpo.render import render_all, write_files
-    from hpc_grpo.resolve import resolve_spec
+    from hpc_grpo.launch.render import render_all, write_files
+    from hpc_grpo.config.resolve import resolve_spec
 
     spec = resolve_spec("tiny-gsm8k", "local", overrides=[f"cluster.runs_root={tmp_path}"], run_name="done")
     write_files(spec.path, render_all(spec))

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpc_grpo.findings import Severity
-from hpc_grpo.memory import MemoryEstimate, estimate_memory, lora_trainable_params, memory_findings
-from hpc_grpo.models import ModelShape, resolve_shape
+from hpc_grpo.common.findings import Severity
+from hpc_grpo.planning.memory import MemoryEstimate, estimate_memory, lora_trainable_params, memory_findings
+from hpc_grpo.planning.models import ModelShape, resolve_shape
 
 
 def shape(name: str) -> ModelShape:

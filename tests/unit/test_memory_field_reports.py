@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_grpo.findings import Severity
-from hpc_grpo.memory import LOGIT_BYTES, estimate_memory, memory_findings
-from hpc_grpo.models import resolve_shape
-from hpc_grpo.plan import run_plan
-from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.common.findings import Severity
+from hpc_grpo.planning.memory import LOGIT_BYTES, estimate_memory, memory_findings
+from hpc_grpo.planning.models import resolve_shape
+from hpc_grpo.planning.plan import run_plan
+from hpc_grpo.config.resolve import resolve_spec
 
 Q3B = resolve_shape("Qwen2.5-3B-Instruct")
 START = dict(world_size=2, micro_batch_per_gpu=40, log_prob_micro_batch_per_gpu=40, rollout_tp=2, gpu_memory_utilization=0.6)

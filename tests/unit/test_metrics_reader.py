@@ -1,4 +1,4 @@
-"""One reader of metrics.jsonl (hpc_grpo.engines.metrics) for trl's flat rows and verl's file-logger rows.
+"""One reader of metrics.jsonl (hpc_grpo.runstate.metrics) for trl's flat rows and verl's file-logger rows.
 
 verl's rows are written by verl's own FileLogger (verl.utils.tracking, in a child process: importing verl loads
 torch). verl is installed --no-deps here and its dependency orjson is missing: the child then stands in a module
@@ -19,9 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import cli, monitor, prune, render, report, runs, status
+from hpc_grpo.cli import app as cli
+from hpc_grpo.commands import monitor, report, status
+from hpc_grpo.runstate import retention as prune, runs
+from hpc_grpo.launch import render
 from hpc_grpo.job import prune_poller
-from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.config.resolve import resolve_spec
 
 WRITER = r"""
 import json, sys, types
@@ -110,7 +113,7 @@ def test_verl_file_logger_rows_reach_report_status_and_prune(isolated: Path, mon
 
 def test_trl_rows_and_verl_rows_read_alike(tmp_path: Path) -> None:
     """Both layouts in one vocabulary; a line being written, or not a record, is skipped."""
-    from hpc_grpo.engines import metrics
+    from hpc_grpo.runstate import metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "reward": 0.5, "kl": 0.001, "completion_length": 30.0, "time": 10.0}\n'

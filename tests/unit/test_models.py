@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo.models import (
+from hpc_grpo.planning.models import (
     ModelShape,
     count_params,
     known_models,
@@ -240,7 +240,7 @@ def test_import_is_stdlib_only() -> None:
     import sys
 
     code = (
-        "import sys, hpc_grpo.models, hpc_grpo.memory;"
+        "import sys, hpc_grpo.planning.models, hpc_grpo.planning.memory;"
         "bad=[m for m in ('torch','transformers','numpy','pydantic','yaml') if m in sys.modules];"
         "print(','.join(bad))"
     )

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import monitor, render, runs
-from hpc_grpo.engines import metrics
-from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.commands import monitor
+from hpc_grpo.launch import render
+from hpc_grpo.runstate import runs
+from hpc_grpo.runstate import metrics
+from hpc_grpo.config.resolve import resolve_spec
 
 
 def trl_spec(tmp: Path, *overrides: str):
@@ -128,10 +130,10 @@ def test_log_path_per_node(isolated) -> None:
 def test_status_prints_the_bar_and_hints(isolated, monkeypatch, capsys) -> None:
     import sys
 
-    from hpc_grpo import cli
+    from hpc_grpo.cli import app as cli
 
     spec = trl_spec(isolated)
-    from hpc_grpo.render import render_all, write_files
+    from hpc_grpo.launch.render import render_all, write_files
 
     write_files(spec.path, render_all(spec))
     write_metrics(spec, [{"step": s, "reward": 0.1, "kl": 0.001, "grad_norm": 0.3, "completion_length": 32.0,
@@ -152,10 +154,10 @@ def test_logs_follow_ends_with_the_job_and_node_is_checked(isolated, monkeypatch
     import sys
     import time
 
-    from hpc_grpo import cli
+    from hpc_grpo.cli import app as cli
 
     spec = trl_spec(isolated)
-    from hpc_grpo.render import render_all, write_files
+    from hpc_grpo.launch.render import render_all, write_files
 
     write_files(spec.path, render_all(spec))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -178,8 +180,8 @@ def test_logs_follow_ends_with_the_job_and_node_is_checked(isolated, monkeypatch
 def test_status_watch_prints_progress_and_ends_without_a_live_job(isolated, monkeypatch, capsys) -> None:
     import sys
 
-    from hpc_grpo import cli
-    from hpc_grpo.render import render_all, write_files
+    from hpc_grpo.cli import app as cli
+    from hpc_grpo.launch.render import render_all, write_files
 
     spec = trl_spec(isolated)
     write_files(spec.path, render_all(spec))

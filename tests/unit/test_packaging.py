@@ -21,7 +21,7 @@ def test_wheel_ships_data_and_works_outside_the_checkout(tmp_path: Path) -> None
         assert shipped == {p.name for p in (REPO / kind).iterdir() if p.is_file()}, kind
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    probe = ("import json, hpc_grpo.registry as r; "
+    probe = ("import json, hpc_grpo.config.registry as r; "
              "print(json.dumps([r.list_names('recipes'), str(r.template_dir()), str(r.find('clusters', 'local'))]))")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True,
                           env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})

@@ -11,10 +11,11 @@ import sys
 
 import pytest
 
-from hpc_grpo import cli, registry
-from hpc_grpo.findings import Severity
-from hpc_grpo.plan import run_plan
-from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.cli import app as cli
+from hpc_grpo.config import registry
+from hpc_grpo.common.findings import Severity
+from hpc_grpo.planning.plan import run_plan
+from hpc_grpo.config.resolve import resolve_spec
 
 
 def plan_of(recipe: str, cluster: str, *overrides: str, schema: bool = False):

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import clusterpick, preflight, slurm
-from hpc_grpo.findings import Severity, error
-from hpc_grpo.plan import run_plan
-from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.config import clusterpick
+from hpc_grpo.planning import preflight
+from hpc_grpo.cluster import slurm
+from hpc_grpo.common.findings import Severity, error
+from hpc_grpo.planning.plan import run_plan
+from hpc_grpo.config.resolve import resolve_spec
 
 
 def write_jsonl(path: Path, row: dict) -> Path:
@@ -166,12 +168,12 @@ def test_no_room_for_the_kept_checkpoints(isolated) -> None:
 
 
 def test_sizing_uses_the_shape_with_kept_plus_one(isolated) -> None:
-    from hpc_grpo.models import resolve_shape
+    from hpc_grpo.planning.models import resolve_shape
 
     spec = resolve_spec("qwen2.5-7b-codegen", "a100-ib", ["checkpoint.keep_last=2", f"cluster.runs_root={isolated}"],
                         run_name="t")
     shape = resolve_shape(spec.recipe.model.path)
-    from hpc_grpo.plan import checkpoint_gib
+    from hpc_grpo.planning.plan import checkpoint_gib
 
     one = checkpoint_gib(spec, shape)
     assert one and one > 50  # full fine-tuning of 7.6B parameters: weights + Adam
@@ -265,7 +267,7 @@ def test_xdg_config_home_and_bad_config(no_choice, monkeypatch) -> None:
     cfg = no_choice / "xdg" / "hpc-grpo" / "config.yaml"
     cfg.parent.mkdir(parents=True)
     cfg.write_text("clustr: a100-ib\n")
-    from hpc_grpo.yamlio import SpecError
+    from hpc_grpo.common.yamlio import SpecError
 
     with pytest.raises(SpecError, match="clustr"):
         clusterpick.choose_cluster(None)

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import checkpoints as ck
-from hpc_grpo import runs
+from hpc_grpo.runstate import checkpoints as ck
+from hpc_grpo.runstate import runs
 from hpc_grpo.engines.verl import VerlEngine, resume_overrides
 from hpc_grpo.engines.verl_schema import verl_config_dir
 from hpc_grpo.job import prepare_resume as pr
-from hpc_grpo.render import render_all, write_files
-from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.launch.render import render_all, write_files
+from hpc_grpo.config.resolve import resolve_spec
 from tests import ckpt_trees as trees
 
 
@@ -201,7 +201,7 @@ def test_checkpoint_lock_serialises(tmp_path: Path) -> None:
     assert order == ["first", "other"]
     # another process holding it: a bounded wait that names the holder
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from hpc_grpo import runs\n"
+        "import sys, time; from pathlib import Path; from hpc_grpo.runstate import runs\n"
         f"with runs.checkpoint_lock(Path({str(tmp_path)!r})):\n    print('held', flush=True); time.sleep(30)")],
         stdout=subprocess.PIPE, text=True)
     try:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import prune
+from hpc_grpo.runstate import retention as prune
 from hpc_grpo.engines import get_engine
 from hpc_grpo.engines.trl import grpo_config_kwargs
-from hpc_grpo.resolve import resolve_spec
-from hpc_grpo.runs import checkpoint_lock
-from hpc_grpo.spec import Checkpoint as CkptCfg
-from hpc_grpo.yamlio import SpecError, dump_yaml
+from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.runstate.runs import checkpoint_lock
+from hpc_grpo.config.spec import Checkpoint as CkptCfg
+from hpc_grpo.common.yamlio import SpecError, dump_yaml
 from tests.prune_trees import set_mtime, trl_checkpoint, verl_fsdp_checkpoint
 
 OLD = time.time() - 86400
@@ -197,7 +197,7 @@ def test_keep_best_on_humaneval_pass_at_1(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ CLI
 def cli(*args: str, home: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "prune-ckpts", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", "prune-ckpts", *args], capture_output=True,
                           text=True, env={**os.environ, "HOME": str(home)}, timeout=60)
 
 
@@ -219,7 +219,7 @@ def test_cli_dry_run_json_and_table(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------------------- plan
 def test_plan_warns_when_what_retention_keeps_does_not_fit(tmp_path: Path) -> None:
-    from hpc_grpo.plan import kept_checkpoints, run_plan
+    from hpc_grpo.planning.plan import kept_checkpoints, run_plan
 
     base = [f"cluster.runs_root={tmp_path}", "train.total_training_steps=100", "checkpoint.save_freq=10"]
     spec = resolve_spec("qwen2.5-7b-codegen", "local", [*base, "checkpoint.keep_last=2", "checkpoint.keep_every=50",

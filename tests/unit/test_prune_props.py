@@ -18,9 +18,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpc_grpo import checkpoints as ck
-from hpc_grpo import prune
-from hpc_grpo.runs import CHECKPOINT_LOCK
+from hpc_grpo.runstate import checkpoints as ck
+from hpc_grpo.runstate import retention as prune
+from hpc_grpo.runstate.runs import CHECKPOINT_LOCK
 from tests.prune_trees import MAKERS, set_mtime, snapshot
 
 NOW = time.time()

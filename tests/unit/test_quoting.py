@@ -22,12 +22,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from hpc_grpo import registry
+from hpc_grpo.config import registry
 from hpc_grpo.engines.verl_keys import format_value
-from hpc_grpo.render import render_all, write_files
-from hpc_grpo.resolve import load_frozen, resolve_spec
-from hpc_grpo.spec import SECRET_ENV
-from hpc_grpo.yamlio import SpecError, parse_scalar
+from hpc_grpo.launch.render import render_all, write_files
+from hpc_grpo.config.resolve import load_frozen, resolve_spec
+from hpc_grpo.config.spec import SECRET_ENV
+from hpc_grpo.common.yamlio import SpecError, parse_scalar
 
 VERL_RECIPE = "qwen2.5-3b-gsm8k-lora"
 CLUSTER = "a100-ib"  # has modules, a venv and env: every _setup.j2 branch but conda and container
@@ -255,7 +255,7 @@ def test_secrets_never_reach_a_rendered_file_cli(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("HPC_GRPO_PATH", *SECRET_ENV)}
     env.update(SECRETS, HOME=str(home), USER="user", WANDB_MODE="offline")
     exe = Path(sys.executable).with_name("hpc-grpo")
-    cmd0 = [str(exe)] if exe.exists() else [sys.executable, "-m", "hpc_grpo.cli"]
+    cmd0 = [str(exe)] if exe.exists() else [sys.executable, "-m", "hpc_grpo.cli.app"]
     # A runs root that does not exist here: plan cannot measure its free space, so the disk check does not
     # refuse big models for this machine's disk.
     runs_root = "cluster.runs_root=/hpc-grpo-no-such-root/runs"

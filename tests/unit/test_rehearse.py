@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import rehearse as R
-from hpc_grpo.plan import check_batches, check_layout, check_resources, check_verl_cpu, layout_of
-from hpc_grpo.resolve import resolve_spec
-from hpc_grpo.spec import RunSpec
-from hpc_grpo.yamlio import SpecError
+from hpc_grpo.commands import rehearse as R
+from hpc_grpo.planning.plan import check_batches, check_layout, check_resources, check_verl_cpu, layout_of
+from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.common.yamlio import SpecError
 
 RECIPE = "qwen2.5-3b-gsm8k-lora"
 # a verl key no recipe field models: a passthrough the rehearsal must keep
@@ -158,7 +158,7 @@ def test_report_checks_validation_only_when_the_recipe_validates() -> None:
 def test_collect_reads_the_run_directory(tmp_path: Path) -> None:
     from tests.ckpt_trees import verl_fsdp
 
-    from hpc_grpo import runs
+    from hpc_grpo.runstate import runs
 
     run = tmp_path / "run"
     run.mkdir()

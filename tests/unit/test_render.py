@@ -20,10 +20,11 @@ from unittest import mock
 import jinja2
 import pytest
 
-from hpc_grpo import __version__, registry
+from hpc_grpo import __version__
+from hpc_grpo.config import registry
 from hpc_grpo.engines import get_engine
-from hpc_grpo.render import common_context, environment, recreate_argv, render_all, sh, write_files
-from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.launch.render import common_context, environment, recreate_argv, render_all, sh, write_files
+from hpc_grpo.config.resolve import resolve_spec
 
 TEMPLATES = registry.template_dir()
 RUN_NAME = "golden"

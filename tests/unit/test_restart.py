@@ -1,4 +1,4 @@
-"""The requeue decision (hpc_grpo.restart): cause -> requeue or not, the time-limit count, chained starts,
+"""The requeue decision (hpc_grpo.runstate.restart): cause -> requeue or not, the time-limit count, chained starts,
 the new recipe/cluster fields and what submit refuses. Pure logic: no Slurm, no training."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import render, restart, runs
-from hpc_grpo.resolve import resolve_spec
-from hpc_grpo.yamlio import SpecError
+from hpc_grpo.launch import render
+from hpc_grpo.runstate import restart, runs
+from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.common.yamlio import SpecError
 
 
 def spec_for(tmp_path: Path, *overrides: str, cluster: str = "slurm-dev"):

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import runs, slurm, status
-from hpc_grpo.render import render_all, write_files
-from hpc_grpo.resolve import resolve_spec
-from hpc_grpo.resume import apply_overrides, plan_resume
+from hpc_grpo.runstate import runs
+from hpc_grpo.cluster import slurm
+from hpc_grpo.commands import status
+from hpc_grpo.launch.render import render_all, write_files
+from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.commands.resume import apply_overrides, plan_resume
 from tests import ckpt_trees as trees
 
 
@@ -28,7 +30,7 @@ def run(tmp_path: Path) -> Path:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpc_grpo.cli", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "COLUMNS": "200"})
 
 

@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import checkpoints as ck
-from hpc_grpo import export, runs, status
+from hpc_grpo.runstate import checkpoints as ck
+from hpc_grpo.evaluation import export
+from hpc_grpo.runstate import runs
+from hpc_grpo.commands import status
 from hpc_grpo.job import prepare_resume as pr
-from hpc_grpo.render import render_all, write_files
-from hpc_grpo.resolve import load_frozen, resolve_spec
-from hpc_grpo.resume import WorldSizeMismatch, plan_resume
+from hpc_grpo.launch.render import render_all, write_files
+from hpc_grpo.config.resolve import load_frozen, resolve_spec
+from hpc_grpo.commands.resume import WorldSizeMismatch, plan_resume
 from tests import ckpt_trees as trees
 
 FSDP_RECIPE = "qwen2.5-3b-gsm8k-lora"  # verl FSDP, 1 node x 4 GPUs
@@ -43,7 +45,7 @@ def fsdp_run(tmp_path: Path) -> Path:
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpc_grpo.cli", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 

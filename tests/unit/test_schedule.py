@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from hpc_grpo import registry
-from hpc_grpo.ckpt_size import checkpoint_size
-from hpc_grpo.findings import Severity
-from hpc_grpo.models import resolve_shape
-from hpc_grpo.plan import run_plan
-from hpc_grpo.resolve import resolve_spec
-from hpc_grpo.schedule import checkpoint_steps, dataset_rows, estimate_step_s
+from hpc_grpo.config import registry
+from hpc_grpo.planning.ckpt_size import checkpoint_size
+from hpc_grpo.common.findings import Severity
+from hpc_grpo.planning.models import resolve_shape
+from hpc_grpo.planning.plan import run_plan
+from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.planning.schedule import checkpoint_steps, dataset_rows, estimate_step_s
 
 RECIPES = registry.list_names("recipes")
 CLUSTERS = registry.list_names("clusters")
@@ -110,7 +110,7 @@ def test_no_shipped_recipe_writes_zero_checkpoints_before_its_end(recipe: str) -
 
 @pytest.mark.parametrize("cluster", CLUSTERS)
 def test_plan_prints_the_schedule_on_every_recipe(cluster: str, isolated, monkeypatch, capsys) -> None:
-    from hpc_grpo import cli
+    from hpc_grpo.cli import app as cli
 
     for recipe in RECIPES:
         monkeypatch.setattr(sys, "argv", ["hpc-grpo", "plan", f"recipe={recipe}", f"cluster={cluster}",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_grpo import registry
+from hpc_grpo.config import registry
 from hpc_grpo.engines.verl import VerlEngine
 from hpc_grpo.engines.verl_schema import compose_check, verl_config_dir
-from hpc_grpo.plan import run_plan
-from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.planning.plan import run_plan
+from hpc_grpo.config.resolve import resolve_spec
 
 CONFIG_DIR = verl_config_dir()
 needs_verl = pytest.mark.skipif(

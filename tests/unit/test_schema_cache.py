@@ -16,7 +16,7 @@ from hpc_grpo.engines.verl_schema import (
     key_tree,
     verl_config_dir,
 )
-from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.config.resolve import resolve_spec
 
 CONFIG_DIR = verl_config_dir()
 pytestmark = pytest.mark.skipif(
@@ -78,7 +78,7 @@ def test_plan_refuses_a_dict_value_hydra_refuses_and_names_the_fix(isolated) -> 
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "plan", "recipe=qwen2.5-3b-gsm8k-lora", "cluster=a100-ib",
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", "plan", "recipe=qwen2.5-3b-gsm8k-lora", "cluster=a100-ib",
                            "actor_rollout_ref.model.override_config={attn_implementation:eager}"],
                           capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "300"})
     text = " ".join((proc.stdout + proc.stderr).split())
@@ -106,7 +106,7 @@ def test_plan_with_a_warm_cache_imports_no_hydra(tmp_path) -> None:
     import sys
 
     probe = ("import json, sys\nsys.argv = ['hpc-grpo', 'plan', 'recipe=qwen2.5-3b-gsm8k-lora', 'cluster=a100-ib', '--json']\n"
-             "from hpc_grpo import cli\ntry:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+             "from hpc_grpo.cli import app as cli\ntry:\n    cli.main()\nexcept SystemExit:\n    pass\n"
              "print('\\nMODULES=' + json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "WANDB_MODE": "offline"}
     runs = [subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300) for _ in (1, 2)]

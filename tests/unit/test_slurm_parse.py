@@ -1,10 +1,10 @@
-"""The parsing helpers of hpc_grpo.slurm on sample output (shapes measured on Slurm 22.05); no cluster needed."""
+"""The parsing helpers of hpc_grpo.cluster.slurm on sample output (shapes measured on Slurm 22.05); no cluster needed."""
 
 from __future__ import annotations
 
 import pytest
 
-from hpc_grpo import slurm
+from hpc_grpo.cluster import slurm
 
 
 @pytest.mark.parametrize(

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo.render import frozen_spec_text
-from hpc_grpo.resolve import load_frozen, resolve_spec, split_overrides
-from hpc_grpo.spec import parse_time_minutes
-from hpc_grpo.yamlio import SpecError
+from hpc_grpo.launch.render import frozen_spec_text
+from hpc_grpo.config.resolve import load_frozen, resolve_spec, split_overrides
+from hpc_grpo.config.spec import parse_time_minutes
+from hpc_grpo.common.yamlio import SpecError
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported anywhere in this module
 
-from hpc_grpo.tiny_model import build_tiny_model, ensure_tiny_model  # noqa: E402
+from hpc_grpo.data.tiny_model import build_tiny_model, ensure_tiny_model  # noqa: E402
 
 SAMPLES = [
     "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72",

@@ -1,4 +1,4 @@
-"""Whether a run counts as trained (hpc_grpo.trained) on checkpoint trees in verl 0.9.1's and trl's real layouts
+"""Whether a run counts as trained (hpc_grpo.runstate.trained) on checkpoint trees in verl 0.9.1's and trl's real layouts
 (tests/ckpt_trees.py): train_done.json, the final checkpoint of a job that failed afterwards (field report 004),
 a run that stopped short, a torn final save; the eval job's --if-trained gate; status's line; the afterany
 dependency the eval job is queued with."""
@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import evaluate, render, runs, status, trained
+from hpc_grpo.evaluation import evaluate
+from hpc_grpo.launch import render
+from hpc_grpo.runstate import runs, trained
+from hpc_grpo.commands import status
 from hpc_grpo.job import eval_job
-from hpc_grpo.render import render_all, write_files
-from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.launch.render import render_all, write_files
+from hpc_grpo.config.resolve import resolve_spec
 from tests import ckpt_trees as trees
 
 

@@ -13,7 +13,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers/trl are imported anywhere in this module
 
-from hpc_grpo import runs  # noqa: E402
+from hpc_grpo.runstate import runs  # noqa: E402
 from hpc_grpo.engines import get_engine  # noqa: E402
 from hpc_grpo.engines.trl import (  # noqa: E402
     GRPO_CONFIG_FIELDS,
@@ -23,9 +23,9 @@ from hpc_grpo.engines.trl import (  # noqa: E402
     grpo_config_kwargs,
     lora_config_kwargs,
 )
-from hpc_grpo.findings import Severity  # noqa: E402
-from hpc_grpo.resolve import resolve_spec  # noqa: E402
-from hpc_grpo.spec import RunSpec  # noqa: E402
+from hpc_grpo.common.findings import Severity  # noqa: E402
+from hpc_grpo.config.resolve import resolve_spec  # noqa: E402
+from hpc_grpo.config.spec import RunSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,13 +20,13 @@ import pytest
 
 from tests.conftest import require_gsm8k
 
-from hpc_grpo import checkpoints as ck
+from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.engines.trl import checkpoint_dir
-from hpc_grpo.resolve import resolve_spec
-from hpc_grpo.spec import RunSpec
+from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.job.prepare_resume import prepare
 from hpc_grpo.job.trl_job import INCOMPLETE_DIR, prompt_lengths, target_steps, trim_metrics
-from hpc_grpo.yamlio import dump_yaml
+from hpc_grpo.common.yamlio import dump_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 from tests.conftest import GSM8K_DIR as SHARED_GSM8K  # noqa: E402
@@ -42,7 +42,7 @@ _require_shared_data = require_gsm8k
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Prepared GSM8K (real files) and the folders the jobs share: model, caches, run root."""
-    from hpc_grpo.data import prepare_gsm8k
+    from hpc_grpo.data.gsm8k import prepare_gsm8k
 
     src = _require_shared_data()
     root = tmp_path_factory.mktemp("trl-train")

@@ -25,7 +25,7 @@ def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.
     """`hpc-grpo ARGS` as a user runs it, with wide output so messages are not folded."""
     base = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
                                                              "HPC_GRPO_PATH")}
-    return subprocess.run([sys.executable, "-m", "hpc_grpo.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=120, env={**base, "COLUMNS": "200", "HOME": str(cwd / "home"), "USER": "user",
                                             "WANDB_MODE": "offline", **(env or {})})
 
@@ -69,8 +69,8 @@ def test_a_secret_typed_as_an_override_is_refused_unshown_and_unwritten(override
 
 
 def test_a_secret_typed_on_resume_is_refused_unshown_and_unwritten(tmp_path: Path) -> None:
-    from hpc_grpo.render import render_all, write_files
-    from hpc_grpo.resolve import resolve_spec
+    from hpc_grpo.launch.render import render_all, write_files
+    from hpc_grpo.config.resolve import resolve_spec
 
     (tmp_path / "home").mkdir()
     spec = resolve_spec(RECIPE, CLUSTER, [f"cluster.runs_root={tmp_path / 'runs'}"], run_name="r")
@@ -187,7 +187,7 @@ def test_an_unreadable_data_file_is_a_finding_not_a_traceback(recipe: str, clust
     home.mkdir(mode=0o777)
     home.chmod(0o777)
     data = write_data(open_dir, suffix)
-    argv = [sys.executable, "-m", "hpc_grpo.cli", command, *(["--dry-run"] if command == "submit" else []),
+    argv = [sys.executable, "-m", "hpc_grpo.cli.app", command, *(["--dry-run"] if command == "submit" else []),
             "--no-schema", f"recipe={recipe}", f"cluster={cluster}", f"data.train_files={data}", f"data.val_files={data}",
             f"cluster.runs_root={home}/runs"]
     env = {**os.environ, "COLUMNS": "300", "HOME": str(home), "USER": "nobody", "WANDB_MODE": "offline",
@@ -214,7 +214,7 @@ def test_data_files_follow_the_umask(umask: int, mode: int, tmp_path: Path) -> N
     for split in ("train", "test"):
         (src / f"{split}.jsonl").write_text(f"{row}\n{row}\n")
     (tmp_path / "home").mkdir()
-    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "data", "gsm8k", "--source", str(src), "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", "data", "gsm8k", "--source", str(src), "--out", str(out)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120, preexec_fn=lambda: os.umask(umask),
                           env={**os.environ, "HOME": str(tmp_path / "home")})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -227,7 +227,7 @@ def test_data_files_follow_the_umask(umask: int, mode: int, tmp_path: Path) -> N
 
 def test_every_atomic_write_follows_the_umask(tmp_path: Path) -> None:
     """The one helper behind data files, run-dir state (train_done.json, verl's tracker) and markers."""
-    from hpc_grpo.atomic import write_text_atomic
+    from hpc_grpo.common.atomic import write_text_atomic
 
     old = os.umask(0o027)
     try:
@@ -271,8 +271,8 @@ def fake_slurm(folder: Path) -> tuple[dict[str, str], Path]:
 @pytest.fixture()
 def local_run(tmp_path: Path) -> Path:
     """A trl run on cluster=local that every submit check passes, with complete checkpoints at steps 2 and 4."""
-    from hpc_grpo.render import render_all, write_files
-    from hpc_grpo.resolve import resolve_spec
+    from hpc_grpo.launch.render import render_all, write_files
+    from hpc_grpo.config.resolve import resolve_spec
     from tests import ckpt_trees as trees
 
     (tmp_path / "home").mkdir()

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import export
+from hpc_grpo.evaluation import export
 from hpc_grpo.engines import verl_cpu
 from hpc_grpo.engines.verl import modelled_overrides
-from hpc_grpo.plan import check_verl_cpu
-from hpc_grpo.resolve import resolve_spec
+from hpc_grpo.planning.plan import check_verl_cpu
+from hpc_grpo.config.resolve import resolve_spec
 
 PROBE = Path(__file__).with_name("verl_cpu_probe.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -42,9 +42,9 @@ def test_a_verl_recipe_without_gpus_runs_in_cpu_mode(isolated) -> None:
     assert ov["trainer.device"] == "cpu" and ov["trainer.n_gpus_per_node"] == 2 and ov["trainer.nnodes"] == 2
     assert ov["actor_rollout_ref.actor.strategy"] == "fsdp2" and ov["actor_rollout_ref.rollout.name"] == "hf"
     assert ov["actor_rollout_ref.model.use_remove_padding"] is False
-    assert ov["reward.custom_reward_function.path"] == "pkg://hpc_grpo.rewards"
+    assert ov["reward.custom_reward_function.path"] == "pkg://hpc_grpo.rewards.gsm8k"
     assert ov["+reward.custom_reward_function.reward_kwargs.method"] == "flexible"
-    from hpc_grpo.render import launch_context
+    from hpc_grpo.launch.render import launch_context
 
     ctx = launch_context(spec)
     assert ctx["node_env"] == verl_cpu.ENV and ctx["gpus_per_node"] == 2  # Ray's stand-in GPUs per node
@@ -74,7 +74,7 @@ def test_verl_sees_the_cpu_platform_and_the_hf_rollout(tmp_path: Path) -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
-    from hpc_grpo.tiny_model import ensure_tiny_model
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     model = ensure_tiny_model(tmp_path / "tiny")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}

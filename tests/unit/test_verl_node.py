@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import slurm
+from hpc_grpo.cluster import slurm
 from hpc_grpo.job import job_env, node_plan, proc_tree, verl_node
-from hpc_grpo.render import render_all
-from hpc_grpo.resolve import resolve_spec
-from hpc_grpo.yamlio import SpecError
+from hpc_grpo.launch.render import render_all
+from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.common.yamlio import SpecError
 from tests.launch_script import node_argv
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from hpc_grpo.engines.verl import RECOMPUTE, VerlEngine
-from hpc_grpo.findings import Severity
-from hpc_grpo.plan import run_plan
-from hpc_grpo.resolve import resolve_spec
-from hpc_grpo.spec import SpecError
+from hpc_grpo.common.findings import Severity
+from hpc_grpo.planning.plan import run_plan
+from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.config.spec import SpecError
 
 OTC = "actor_rollout_ref.actor.megatron.override_transformer_config"
 

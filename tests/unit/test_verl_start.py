@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import registry
+from hpc_grpo.config import registry
 from hpc_grpo.engines import get_engine
 from hpc_grpo.engines.verl import CPUS_PER_GPU_BUNDLE, ray_cpus_per_node
-from hpc_grpo.findings import Severity
+from hpc_grpo.common.findings import Severity
 from hpc_grpo.job import node_plan
-from hpc_grpo.render import render_all
-from hpc_grpo.resolve import job_python, load_frozen, resolve_spec
-from hpc_grpo.spec import Setup
+from hpc_grpo.launch.render import render_all
+from hpc_grpo.config.resolve import job_python, load_frozen, resolve_spec
+from hpc_grpo.config.spec import Setup
 
 VERL_RECIPES = [r for r in registry.list_names("recipes") if r not in ("tiny-gsm8k",)]
 CLUSTERS = registry.list_names("clusters")

@@ -1,0 +1,1 @@
+"""The cluster itself: every Slurm command and every SLURM_* variable go through here."""

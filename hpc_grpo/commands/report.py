@@ -1,0 +1,117 @@
+"""`hpc-grpo report RUN`: training curves and GSM8K accuracy per step, as one PNG and a short text summary.
+
+Training metrics come from the engine's own logs, read by hpc_grpo.runstate.metrics: RUN/metrics.jsonl (trl's rows,
+or verl's file-logger rows), else verl's console logger lines (`step:N - key:value - ...`) in the job's submitit
+logs. Evaluation points come from RUN/eval/step_N.json. matplotlib (extra `report`) is imported only when drawing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpc_grpo.evaluation import evaluate
+from hpc_grpo.runstate import metrics as engine_metrics
+
+# Our curve name -> the name hpc_grpo.runstate.metrics reads it under (from either engine's keys).
+CURVES: dict[str, str] = {"reward": "reward", "kl": "kl", "response length": "response_length", "entropy": "entropy"}
+
+
+@dataclass
+class Report:
+    run_name: str
+    steps: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # curve -> (step, value)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    source: str = ""
+
+    def summary(self) -> list[str]:
+        lines = [f"run {self.run_name}: training metrics from {self.source or 'nowhere (none logged yet)'}"]
+        for name, pts in self.steps.items():
+            if pts:
+                first, last = pts[0][1], pts[-1][1]
+                lines.append(f"  {name}: {first:.4g} at step {pts[0][0]} -> {last:.4g} at step {pts[-1][0]} "
+                             f"({len(pts)} steps)")
+        for r in self.evals:
+            for task, s in r["scores"].items():
+                base = (r.get("base") or {}).get("scores", {}).get(task)
+                keys = score_keys(s)
+                beside = (" (base " + " / ".join(f"{base.get(k, 0):.1%}" for k, _ in keys) + ")" if base else "")
+                lines.append(f"  eval step {r['step']} {task}: "
+                             + ", ".join(f"{label} {s[k]:.1%}" for k, label in keys)
+                             + f" on {s['n']} problems{beside}")
+        if not self.evals:
+            lines.append("  no evaluation yet: hpc-grpo eval " + self.run_name)
+        return lines
+
+
+GSM8K_KEYS = (("strict_match", "strict"), ("flexible_extract", "flexible"), ("verl_strict_reward", "verl strict"))
+
+
+def score_keys(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, label) of the scores one task result holds: GSM8K's three, or humaneval's pass@k."""
+    return [(k, label) for k, label in GSM8K_KEYS if k in s] or [(k, k) for k in s if k.startswith("pass@")]
+
+
+def build(run_dir: Path) -> Report:
+    """Curves from the run's metrics (hpc_grpo.runstate.metrics: metrics.jsonl, else verl's console lines in the
+    driver logs of RUN/submitit) and the evaluation points."""
+    logs = sorted((run_dir / "submitit").glob("*_0_log.out")) if (run_dir / "submitit").is_dir() else []
+    got = engine_metrics.run_metrics(run_dir, logs)
+    rep = Report(run_dir.name, source=got.source, evals=evaluate.load_results(run_dir))
+    for curve, name in CURVES.items():
+        rep.steps[curve] = [(r["step"], float(r[name])) for r in got.rows if isinstance(r.get(name), (int, float))]
+    return rep
+
+
+def draw(rep: Report, out: Path) -> Path:
+    """A 2x3 figure: four training curves, eval accuracy per step, and the base/published comparison."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(11, 5.6), dpi=80)
+    for ax, (name, pts) in zip(axes.flat[:4], rep.steps.items()):
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", lw=1)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
+    ax = axes.flat[4]
+    ax.set_title("evaluation per step")
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.02, 1.02)
+    if rep.evals:
+        task = next(iter(rep.evals[-1]["scores"]))
+        xs = [r["step"] for r in rep.evals if task in r["scores"]]
+        for key, label in score_keys(rep.evals[-1]["scores"][task]):
+            ax.plot(xs, [r["scores"][task][key] for r in rep.evals if task in r["scores"]], marker="o", label=label)
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no evaluation yet", ha="center", va="center", transform=ax.transAxes, color="grey")
+    ax = axes.flat[5]
+    ax.set_title("policy vs base (last eval)")
+    ax.set_ylim(0, 1)
+    if rep.evals:
+        last = rep.evals[-1]
+        task = next(iter(last["scores"]))
+        base = (last.get("base") or {}).get("scores", {}).get(task)
+        pol, bas = last["scores"][task], base or {}
+        labels, keys = [lb for _, lb in score_keys(pol)], [k for k, _ in score_keys(pol)]
+        xs = range(len(keys))
+        ax.bar([x - 0.2 for x in xs], [pol[k] for k in keys], width=0.4, label=f"step {last['step']}")
+        ax.bar([x + 0.2 for x in xs], [bas.get(k, 0) for k in keys], width=0.4, label="base")
+        ax.set_xticks(list(xs), labels)
+        pub = last.get("published")
+        if pub and task.startswith("gsm8k"):
+            ax.axhline(pub["gsm8k"] / 100, ls="--", color="k", lw=1, label=f"published {pub['gsm8k']}%")
+        ax.legend(fontsize=7)
+        ax.set_xlabel(f"{task}, n={pol['n']}")
+    fig.suptitle(f"hpc-grpo report: {rep.run_name}", fontsize=11)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

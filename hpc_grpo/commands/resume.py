@@ -1,0 +1,220 @@
+"""`hpc-grpo resume [RUN] [key=value ...] [--force]`: resubmit a run from its frozen spec.
+
+The frozen spec.yaml is the run: resume never re-reads the recipe, so a recipe edited since cannot change
+a run halfway. Only resources and time limits may change (a bigger allocation, a longer limit); anything
+else would make the rest of the run train something other than its first part, so it needs --force. Where
+training goes on from is decided in the job (hpc_grpo.job.prepare_resume); this module only says what the
+job will find, refuses while a job of the run is alive or when the job could not load its checkpoint (a verl
+FSDP checkpoint at another world size, check_world_size, which the job applies again), and records the request
+in the history.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpc_grpo.runstate import checkpoints as ck
+from hpc_grpo.runstate import runs
+from hpc_grpo.evaluation.export import export_dir
+from hpc_grpo.config.spec import RunSpec, canonical_key, redact, secret_error, secret_in
+from hpc_grpo.common.yamlio import SpecError, parse_scalar
+
+DONE_FILE = runs.DONE_FILE
+# What may change without --force: where and how long the run is allowed to run, not what it trains.
+FREE_PREFIXES = ("resources.",)
+FREE_KEYS = ("cluster.time_max", "cluster.signal_delay_s", "cluster.partition", "cluster.account", "cluster.qos")
+
+
+@dataclass
+class ResumePlan:
+    """What `resume` is about to do, for the CLI to print (and the history to keep)."""
+
+    spec: RunSpec
+    checkpoint: ck.Checkpoint | None
+    newer_incomplete: list[ck.Checkpoint] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)
+    forced: list[str] = field(default_factory=list)  # overrides only --force allowed
+    finished: dict[str, Any] | None = None  # train_done.json when the run had finished
+
+    @property
+    def step(self) -> int:
+        return self.checkpoint.step if self.checkpoint else 0
+
+    def from_text(self) -> str:
+        if self.checkpoint is None:
+            return "no complete checkpoint: the job starts from step 0"
+        return f"resumes from {self.checkpoint.path} (step {self.step})"
+
+    def describe(self, force: bool) -> list[str]:
+        """What the CLI prints before it submits (or instead, for a finished run without --force)."""
+        lines = [f"Run {self.spec.run_name}: {self.spec.run_dir}"]
+        if self.finished is not None and not force:
+            lines.append(f"Run {self.spec.run_name} finished (train_done.json: step {self.finished.get('final_step')}): "
+                         "nothing to resume. Use --force to resubmit it anyway (e.g. with more training steps).")
+            return lines
+        lines.append(f"It {self.from_text()}.")
+        for c in self.newer_incomplete:
+            lines.append(f"At job start, {c.path.name} moves to {self.spec.path / ck.QUARANTINE_DIR} ({c.reason}).")
+        if self.forced:
+            lines.append(f"Forced overrides: {' '.join(self.forced)}")
+        return lines
+
+    def note(self) -> str:
+        parts = [self.from_text()]
+        if self.overrides:
+            parts.append("overrides " + " ".join(self.overrides))
+        if self.forced:
+            parts.append("forced " + " ".join(self.forced))
+        return "; ".join(parts)
+
+
+def _bad(key: str, value: str, rule: str, fix: str) -> SpecError:
+    return SpecError(f"{value!r} is refused: {rule}. {fix}", key=key)
+
+
+def check_override(item: str, force: bool) -> tuple[str, Any, bool]:
+    """(key, value, forced) for one `key=value`; SpecError naming key, value, rule and fix when refused."""
+    if "=" not in item or not item.split("=", 1)[0].strip():
+        raise _bad(item, item, "an override is key=value", "example: resources.time=02:00:00")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    secret = secret_in(key, parse_scalar(raw))
+    if secret:
+        raise secret_error(secret)
+    free = key.startswith(FREE_PREFIXES) or key in FREE_KEYS
+    if not free and not force:
+        raise _bad(key, raw, "resume changes only resources.* and time limits (" + ", ".join(FREE_KEYS)
+                   + "); anything else would train the rest of the run differently from its start",
+                   f"submit a new run, or pass --force to resume with {key}={raw} anyway")
+    if key in ("run_dir", "run_name", "version", "created") or key.startswith(("recipe.", "run_")):
+        raise _bad(key, raw, "the run's name and place cannot change", "use a recipe key (e.g. resources.time) or submit a new run")
+    return key, parse_scalar(raw), not free
+
+
+def apply_overrides(spec: RunSpec, items: list[str], force: bool) -> tuple[RunSpec, list[str]]:
+    """The frozen spec with the overrides applied and validated again (same rules as submit)."""
+    from hpc_grpo.config.resolve import _set_dotted
+
+    data = spec.model_dump(mode="json")
+    forced: list[str] = []
+    for item in items:
+        key, value, is_forced = check_override(item, force)
+        target = key.removeprefix("cluster.") if key.startswith("cluster.") else canonical_key(key)
+        section = data["cluster"] if key.startswith("cluster.") else data["recipe"]
+        if key.startswith("passthrough."):
+            section.setdefault("passthrough", {})[key.removeprefix("passthrough.")] = value
+        else:
+            _set_dotted(section, target, value, "hpc-grpo resume")
+        if is_forced:
+            forced.append(item)
+    data["overrides"] = [*data.get("overrides", []), *items]
+    try:
+        return RunSpec.model_validate(data), forced
+    except ValueError as exc:
+        from pydantic import ValidationError
+
+        if isinstance(exc, ValidationError):
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"][1:]) if err["loc"] else ""
+            raise SpecError(f"{err['msg']} (value {redact(err.get('input'))!r}); fix the override", key=loc) from None
+        raise
+
+
+class WorldSizeMismatch(SpecError):
+    """A verl FSDP checkpoint saved at another world size than the job would run at: verl cannot load it."""
+
+    def __init__(self, message: str, checkpoint: Path, saved: int, new: int) -> None:
+        super().__init__(message, key="resources")
+        self.data = {"cause": "world size mismatch", "checkpoint": str(checkpoint),
+                     "checkpoint_world_size": saved, "world_size": new}
+
+
+def _shape_for(world: int, *specs: RunSpec) -> str:
+    """resources overrides giving `world` training processes: the shape of a spec that had that size, else whole
+    nodes of the last spec's processes per node, else one node."""
+    key = specs[-1].procs_key
+    for s in specs:
+        if s.world_size == world:
+            return f"resources.nodes={s.recipe.resources.nodes} {key}={s.procs_per_node}"
+    per_node = specs[-1].procs_per_node
+    if per_node and world % per_node == 0:
+        return f"resources.nodes={world // per_node} {key}={per_node}"
+    return f"resources.nodes=1 {key}={world}"
+
+
+def new_run_command(spec: RunSpec, model_dir: Path) -> str:
+    """`hpc-grpo submit` of a new run like this one (recipe, cluster, overrides, resources as now asked) whose
+    model is `model_dir`."""
+    keep: dict[str, str] = {}
+    for item in spec.overrides:
+        key = item.split("=", 1)[0].strip()
+        keep.pop(key, None)  # the last value of a key wins, at its place
+        if key != "model.path":
+            keep[key] = item
+    words = [f"recipe={spec.recipe.name}", f"cluster={spec.cluster.name}", *keep.values(), f"model.path={model_dir}"]
+    return "hpc-grpo submit " + " ".join(shlex.quote(w) for w in words)
+
+
+def check_world_size(spec: RunSpec, ckpt: ck.Checkpoint | None, before: RunSpec | None = None) -> None:
+    """Refuse to resume a verl FSDP checkpoint at another world size than it was saved at (verl 0.9.1 does not
+    reshard: it looks for model_world_size_<new>_rank_R.pt and the job dies at load, after its wait in the queue).
+    Megatron dist checkpoints reshard and trl saves whole weights: no refusal. `before`: the run's spec before
+    this resume's overrides, whose shape the fix offers first. Used by `resume` and again in the job."""
+    if ckpt is None or spec.recipe.engine != "verl":
+        return
+    saved = ck.fsdp_world_size(ckpt)
+    new = spec.world_size
+    if saved is None or saved == new:
+        return
+    res = spec.recipe.resources
+    run = shlex.quote(str(spec.path))
+    exported = export_dir(spec.path, ckpt.step)
+    back = _shape_for(saved, *[s for s in (before, spec) if s is not None])
+    raise WorldSizeMismatch(
+        f"world size {new} (resources.nodes={res.nodes} x {spec.procs_key}={spec.procs_per_node}) is refused: "
+        f"the newest complete checkpoint {ckpt.path} is a verl FSDP checkpoint saved at world size {saved} "
+        f"(actor/model_world_size_{saved}_rank_*.pt), and verl loads FSDP shards only at the world size that wrote "
+        f"them (it would look for model_world_size_{new}_rank_*.pt and fail at load, after the queue wait).\n"
+        f"Fix, one of:\n"
+        f"  (a) resume at world size {saved}: hpc-grpo resume {run} {back}\n"
+        f"  (b) export step {ckpt.step} to a Hugging Face folder with verl's merger and start a new run from those "
+        f"weights (optimizer state and step count start anew): hpc-grpo export {run} --step {ckpt.step} "
+        f"(writes {exported}), then {new_run_command(spec, exported)}",
+        ckpt.path, saved, new)
+
+
+def plan_resume(run_dir: Path, items: list[str], force: bool) -> ResumePlan:
+    """Everything resume checks before it submits; raises SpecError (exit 2) or runs.RunBusy."""
+    from hpc_grpo.config.resolve import load_frozen
+
+    frozen = load_frozen(run_dir / runs.SPEC)
+    runs.refuse_if_live(run_dir)
+    spec, forced = apply_overrides(frozen, items, force)
+    ckpts = ck.list_checkpoints(run_dir, spec.recipe.engine)
+    best = ck.newest_complete(ckpts)
+    newer = [c for c in ckpts if not c.complete and c.step > (best.step if best else -1)]
+    finished = None
+    done = run_dir / DONE_FILE
+    if done.is_file():
+        try:
+            finished = json.loads(done.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            finished = {"final_step": None}
+    if finished is None or force:  # a finished run without --force is not resubmitted: nothing to refuse
+        check_world_size(spec, best, before=frozen)
+    return ResumePlan(spec, best, newer, list(items), forced, finished)
+
+
+def submit_resume(plan: ResumePlan) -> Any:
+    """Render from the (overridden) frozen spec and submit with purpose "resume"; the history line says
+    from which step, with which overrides."""
+    from hpc_grpo.launch.render import render_all
+    from hpc_grpo.launch.submit import submit_run
+
+    data = {"resume_step": plan.step, "checkpoint": str(plan.checkpoint.path) if plan.checkpoint else None,
+            "overrides": plan.overrides, "forced": plan.forced}
+    return submit_run(plan.spec, render_all(plan.spec), purpose="resume", note=plan.note(), data=data)

@@ -1,0 +1,1 @@
+"""Building blocks every layer uses: errors and findings, YAML with line numbers, atomic writes."""

@@ -1,0 +1,56 @@
+"""Where recipes, cluster profiles and templates are found.
+
+Search order: each folder in HPC_GRPO_PATH (colon-separated; each may hold recipes/, clusters/
+and templates/), the source checkout this package runs from, then the copies shipped inside the
+wheel. The first match wins, so a user can shadow a shipped recipe without editing it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hpc_grpo.config.spec import check_name
+from hpc_grpo.common.yamlio import SpecError
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+_CHECKOUT = _PACKAGE.parent
+_SHIPPED = _PACKAGE / "_shipped"
+
+def search_roots() -> list[Path]:
+    roots = [Path(p).expanduser() for p in os.environ.get("HPC_GRPO_PATH", "").split(":") if p]
+    if (_CHECKOUT / "pyproject.toml").exists() and (_CHECKOUT / "recipes").is_dir():
+        roots.append(_CHECKOUT)
+    roots.append(_SHIPPED)
+    return roots
+
+
+def folders(kind: str) -> list[Path]:
+    return [root / kind for root in search_roots() if (root / kind).is_dir()]
+
+
+def find(kind: str, name: str) -> Path:
+    """The YAML file for a recipe or cluster name; names are checked so no path escapes the folders."""
+    what = kind.rstrip("s")
+    check_name(name, what)
+    for folder in folders(kind):
+        candidate = folder / f"{name}.yaml"
+        if candidate.is_file():
+            return candidate
+    known = ", ".join(list_names(kind)) or "none"
+    raise SpecError(f"no {what} named {name!r}; known: {known}", key=what)
+
+
+def list_names(kind: str) -> list[str]:
+    names: dict[str, None] = {}
+    for folder in folders(kind):
+        for path in sorted(folder.glob("*.yaml")):
+            names.setdefault(path.stem, None)
+    return sorted(names)
+
+
+def template_dir() -> Path:
+    found = folders("templates")
+    if not found:
+        raise RuntimeError("hpc-grpo's templates are missing: reinstall the package")
+    return found[0]

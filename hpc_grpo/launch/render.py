@@ -1,0 +1,264 @@
+"""The one Jinja environment: StrictUndefined, one shell-quote filter, a generated-by header.
+
+Every `{{ ... }}` in a template must pass through the `sh` filter: `finalize` refuses any other
+output, so an unquoted value cannot slip into a script even by a template edit.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from hpc_grpo import __version__
+from hpc_grpo.evaluation import evaluate
+from hpc_grpo.config import registry
+from hpc_grpo.runstate import runs
+from hpc_grpo.engines import get_engine
+from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.common.yamlio import SpecError, dump_yaml
+
+
+class Quoted(str):
+    """A string the `sh` filter produced: safe to paste into bash as one word (or words, for lists)."""
+
+
+# Characters a quoted word must not carry literally: C0 controls and DEL (a newline would end a comment or an
+# #SBATCH line early, so the rest of the value would run as code), C1 controls and U+2028/U+2029 (YAML reads
+# them as line breaks, and the re-create command is also a comment in spec.yaml).
+_ESCAPE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def quote_word(text: str) -> str:
+    """One bash word that is exactly `text`, on one line.
+
+    shlex.quote, unless `text` holds a character of _ESCAPE: then bash's ANSI-C form $'...', with each such
+    character written as the \\xHH escapes of its UTF-8 bytes (bytes, so the value does not depend on the
+    job's locale, as bash's \\u escapes would). NUL cannot be in a bash string at all and is refused.
+    """
+    if "\0" in text:
+        raise SpecError(f"{text!r} contains a NUL character, which no shell variable or argument can hold")
+    if not _ESCAPE.search(text):
+        return shlex.quote(text)
+    body = []
+    for ch in text:
+        if ch in "\\'":
+            body.append("\\" + ch)
+        elif _ESCAPE.match(ch):
+            body.append("".join(f"\\x{b:02x}" for b in ch.encode("utf-8")))
+        else:
+            body.append(ch)
+    return "$'" + "".join(body) + "'"
+
+
+def sh(value: Any) -> Quoted:
+    """Quote for bash. Lists become space-separated quoted words. None is a template bug."""
+    if value is None:
+        raise jinja2.UndefinedError("a None value reached a template; the spec should have refused it")
+    if isinstance(value, (list, tuple)):
+        if any(v is None for v in value):
+            raise jinja2.UndefinedError(f"a None value in {value!r} reached a template")
+        return Quoted(" ".join(quote_word(str(v)) for v in value))
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    return Quoted(quote_word(str(value)))
+
+
+def _finalize(value: Any) -> Any:
+    if isinstance(value, jinja2.Undefined):
+        return value
+    if not isinstance(value, Quoted):
+        raise jinja2.TemplateError(f"unquoted value {value!r} in a template: pipe it through | sh")
+    return value
+
+
+@lru_cache(maxsize=4)
+def environment(folder: str | None = None) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(folder or str(registry.template_dir())),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        finalize=_finalize,
+        comment_start_string="{##",  # bash's ${#array[@]} must not open a Jinja comment
+        comment_end_string="##}",
+    )
+    env.filters["sh"] = sh
+    return env
+
+
+# --------------------------------------------------------------------------------- run layout
+def spec_path(spec: RunSpec) -> Path:
+    return spec.path / "spec.yaml"
+
+
+def submitit_dir(spec: RunSpec) -> Path:
+    return spec.path / "submitit"
+
+
+def submitit_command(folder: Path, python: str) -> str:
+    """The command submitit puts on the srun line (SlurmExecutor._submitit_command_str, with python=spec.python)."""
+    return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+
+
+def recreate_argv(spec: RunSpec) -> list[str]:
+    return ["hpc-grpo", "render", f"recipe={spec.recipe.name}", f"cluster={spec.cluster.name}",
+            f"--name={spec.run_name}", *spec.overrides]
+
+
+def recreate_command(spec: RunSpec) -> str:
+    """The command line that renders this run again, quoted for bash, on one line."""
+    return " ".join(quote_word(p) for p in recreate_argv(spec))
+
+
+def sbatch_context(spec: RunSpec, command: str, extra: list[tuple[str, Any]] | None = None) -> dict[str, Any]:
+    """Everything the sbatch header needs, as plain values (the template quotes each). `extra`: more #SBATCH
+    options (the evaluation job's afterok dependency, a chained follow-on's afternotok)."""
+    r, c = spec.recipe, spec.cluster
+    res = r.resources
+    gpus = spec.gpus_per_node
+    folder = submitit_dir(spec)
+    sbatch: list[tuple[str, Any]] = [
+        ("job-name", spec.run_name),
+        ("nodes", res.nodes),
+        ("ntasks-per-node", 1),
+    ]
+    if gpus:
+        if c.gpu_request == "gres":
+            sbatch.append(("gres", f"gpu:{c.gpu_type}:{gpus}" if c.gpu_type else f"gpu:{gpus}"))
+        else:
+            sbatch.append(("gpus-per-node", f"{c.gpu_type}:{gpus}" if c.gpu_type else gpus))
+    sbatch.append(("cpus-per-task", res.cpus_per_task or c.cpus_per_node))
+    if res.mem_gb:
+        sbatch.append(("mem", f"{res.mem_gb}G"))
+    sbatch.append(("time", res.time_min))
+    for key, value in (("partition", res.partition or c.partition), ("account", res.account or c.account),
+                       ("qos", res.qos or c.qos)):
+        if value:
+            sbatch.append((key, value))
+    sbatch += [
+        ("signal", f"USR2@{c.signal_delay_s}"),
+        *(extra or []),
+        ("output", f"{folder}/%j_0_log.out"),
+        ("error", f"{folder}/%j_0_log.err"),
+        ("open-mode", "append"),
+    ]
+    for key, value in sbatch:
+        # sbatch reads these lines itself: it knows neither $'...' nor a value that goes on past the line.
+        if _ESCAPE.search(str(value)):
+            raise SpecError(f"#SBATCH --{key} cannot hold control characters or line breaks: {value!r}",
+                            key=f"sbatch --{key}")
+    srun = ["--unbuffered", "--output", f"{folder}/%j_%t_log.out", "--error", f"{folder}/%j_%t_log.err"]
+    if c.setup.container:
+        srun += [f"--container-image={c.setup.container}", f"--container-mounts={spec.run_dir}:{spec.run_dir}",
+                 "--no-container-mount-home"]
+    # Chained mode: never requeued (the site may forbid it; a preempted job must end PREEMPTED so its follow-on runs).
+    chain = c.restart == "chain"
+    return {"sbatch": sbatch, "requeue": c.requeue and not chain, "no_requeue": chain, "srun_args": srun,
+            "command": shlex.split(command)}
+
+
+def common_context(spec: RunSpec) -> dict[str, Any]:
+    return {
+        "version": __version__,
+        "run_name": spec.run_name,
+        "run_dir": spec.run_dir,
+        "recipe": spec.recipe.name,
+        "cluster": spec.cluster.name,
+        "recreate": recreate_argv(spec),  # a list: `| sh` quotes each word
+        "setup": spec.cluster.setup,
+        "env": spec.cluster.env,
+    }
+
+
+PYTHON_WORDS = ("python", "python3")
+
+
+def job_driver(spec: RunSpec, argv: list[str]) -> list[str]:
+    """A driver given as `python3 -m ...` (launch.driver) runs the job's interpreter, like every other step."""
+    if argv and argv[0] in PYTHON_WORDS:
+        return [spec.python, *argv[1:]]
+    return list(argv)
+
+
+def launch_context(spec: RunSpec) -> dict[str, Any]:
+    engine = get_engine(spec.recipe.engine)
+    cmd = engine.command(spec)
+    driver = job_driver(spec, spec.recipe.launch.driver or cmd.argv)
+    r = spec.recipe
+    return {
+        "python": spec.python,
+        "driver": driver,
+        "driver_env": cmd.env,
+        "nodes": r.resources.nodes,
+        # Ray's GPUs per node: one per training process (verl's CPU mode offers stand-ins, one per CPU worker)
+        "gpus_per_node": spec.procs_per_node,
+        "ray_cpus": cmd.ray_cpus,
+        # set before Ray starts on every node, so every process Ray starts inherits it (verl's CPU plugin)
+        "node_env": cmd.node_env,
+        "join_timeout_s": r.launch.ray_join_timeout_s,
+        "spec_file": f"{spec.run_dir}/{runs.SPEC}",
+        "ray_dir": f"{spec.run_dir}/ray",
+        # no Slurm to say where the node is: the profile's loopback address (the node layout is Slurm's otherwise)
+        "local_address": spec.cluster.local_address if spec.cluster.scheduler == "local" else None,
+        # verl's own driver gets the overrides resume preparation writes at job start (a custom one does not)
+        "resume_args": spec.recipe.launch.driver is None,
+    }
+
+
+def render_sbatch(spec: RunSpec, command: str | None = None, extra: list[tuple[str, Any]] | None = None) -> str:
+    """The batch script Slurm receives. `command` is submitit's; render time computes the same one."""
+    command = command or submitit_command(submitit_dir(spec), spec.python)
+    tmpl = environment().get_template("sbatch.sh.j2")
+    return tmpl.render(**common_context(spec), **sbatch_context(spec, command, extra))
+
+
+def render_launch(spec: RunSpec) -> str:
+    engine = get_engine(spec.recipe.engine)
+    tmpl = environment().get_template(engine.launch_template)
+    return tmpl.render(**common_context(spec), **launch_context(spec))
+
+
+def frozen_spec_text(spec: RunSpec) -> str:
+    header = f"# Frozen spec of run {spec.run_name} (hpc-grpo {__version__}). Re-create: {recreate_command(spec)}\n"
+    return header + dump_yaml(spec.model_dump(mode="json"))
+
+
+def render_eval_sbatch(spec: RunSpec, command: str | None = None, extra: list[tuple[str, Any]] | None = None) -> str:
+    """The eval job's batch script (`spec`: the run's): the same template with the eval job's resources. Its
+    dependency on the training job (`extra`) is known only at submit, which then saves the text Slurm received."""
+    command = command or submitit_command(submitit_dir(spec), spec.python)
+    tmpl = environment().get_template("sbatch.sh.j2")
+    # The header's run and re-create command are the run's; the #SBATCH lines are the eval job's.
+    return tmpl.render(**common_context(spec), **sbatch_context(evaluate.eval_spec(spec), command, extra))
+
+
+def render_all(spec: RunSpec) -> dict[str, str]:
+    """Every file a run is made from, by path relative to the run directory."""
+    files = {
+        "spec.yaml": frozen_spec_text(spec),
+        "scripts/sbatch.sh": render_sbatch(spec),
+        "scripts/launch.sh": render_launch(spec),
+    }
+    if evaluate.queued_after_training(spec):
+        files[evaluate.EVAL_SCRIPT] = render_eval_sbatch(spec)
+    return files
+
+
+def write_files(root: Path, files: dict[str, str]) -> list[Path]:
+    """Write rendered files under root; scripts are made executable."""
+    written = []
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        if rel.endswith(".sh"):
+            path.chmod(0o755)
+        written.append(path)
+    return written

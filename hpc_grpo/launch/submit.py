@@ -1,0 +1,336 @@
+"""Submission through submitit: executors from a cluster profile, and the job callable.
+
+The batch script Slurm receives is hpc-grpo's own Jinja template: our SlurmExecutor renders
+submitit's submission file from it, and the same text is saved as scripts/sbatch.sh, so what
+`hpc-grpo render` shows is what runs. The callable implements `checkpoint()`, so submitit
+requeues it on timeout or preemption; resume itself comes from the checkpoints on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from hpc_grpo.launch import render
+from hpc_grpo.runstate import restart, runs
+from hpc_grpo.job import save_signal
+from hpc_grpo.config.resolve import load_frozen
+from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.common.yamlio import SpecError
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    run_dir: Path
+    job_id: str
+    executor: str
+    log_hint: str
+    job: Any = None
+    eval: Any = None  # the evaluation job's Submission (Slurm: queued afterany the training job; checks it trained)
+
+
+class _TrainingFinished(Exception):
+    """Raised by checkpoint() inside submitit's USR2 handler when training ended meanwhile: __call__ returns."""
+
+
+class TrainJob:
+    """What each task of the job runs: the engine's launch script (Ray bootstrap for verl).
+
+    `after` is set on a chained follow-on (cluster.restart=chain): the job it waits for with afternotok.
+    `eval_after` (cluster=local, where there is no scheduler to chain a job): evaluate once training ended, if the
+    run is trained (also when the trainer failed after its final save: hpc_grpo.runstate.trained decides).
+    """
+
+    def __init__(self, run_dir: str, after: str | None = None, eval_after: bool = False) -> None:
+        self.run_dir = run_dir
+        self.after = after
+        self.eval_after = eval_after
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._attempt: str | None = None
+        self._started = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"run_dir": self.run_dir, "after": self.after, "eval_after": self.eval_after}  # never the process
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["run_dir"], state.get("after"), state.get("eval_after", False))  # type: ignore[misc]
+
+    def __call__(self) -> int:
+        run_dir = Path(self.run_dir)
+        spec = load_frozen(run_dir / runs.SPEC)
+        env = submitit.JobEnvironment()
+        chained = spec.cluster.scheduler == "slurm" and spec.cluster.restart == "chain"
+        self._attempt = f"{env.job_id}.{os.environ.get('SLURM_RESTART_COUNT', '0')}.{os.getpid()}"
+        if chained:
+            # Not submitit's checkpoint-and-requeue: ask for the save and let Slurm end the job (TIMEOUT,
+            # PREEMPTED), which starts the follow-on queued below.
+            signal.signal(signal.SIGUSR2, lambda signum, frame: self._request_save())
+            from hpc_grpo.job import chain
+
+            if not chain.start(spec, env.job_id, env.global_rank, self.after):
+                return 0
+        script = run_dir / "scripts" / "launch.sh"
+        child_env = {**os.environ, save_signal.ATTEMPT_ENV: self._attempt}
+        self._started = time.time()
+        self._proc = subprocess.Popen(["bash", str(script)], cwd=self.run_dir, env=child_env)
+        try:
+            # Not Popen.wait(): it holds a lock the USR2 handler (checkpoint) would then wait on forever.
+            while (rc := self._proc.poll()) is None:
+                time.sleep(0.2)
+        except _TrainingFinished:
+            return 0
+        if rc != 0 and self._finished():
+            rc = 0  # killed by a late signal after it had written train_done.json: the run is trained
+        if rc == save_signal.STOPPED_FOR_REQUEUE and chained:
+            print("hpc-grpo: saved on the signal; chained mode: waiting for Slurm to end this job, its follow-on "
+                  "then resumes", flush=True)
+            while True:
+                time.sleep(30)
+        if rc != 0:
+            last = (runs.read_history(run_dir) or [None])[-1]
+            said = last is not None and last.purpose == "failed" and last.job_id == str(env.job_id)
+            # rc < 0: killed by a signal (scontrol requeue, scancel, a time limit): Slurm's doing, not a failure.
+            if env.global_rank == 0 and rc > 0 and not said:  # the trainer may have said why just now (disk full)
+                runs.append_history(run_dir, env.job_id, "failed", spec.cluster.scheduler,
+                                    note=f"{script.name} exited with status {rc}: not requeued")
+            if self.eval_after and rc > 0:
+                self._evaluate(run_dir, str(env.job_id))  # a failure after the final save still counts as trained
+            raise RuntimeError(f"{script} exited with status {rc}; see the job's logs in {self.run_dir}")
+        if self.eval_after:
+            self._evaluate(run_dir, str(env.job_id))
+        return rc
+
+    def _evaluate(self, run_dir: Path, job_id: str) -> None:
+        """cluster=local: the eval job's in-job side, run here; it evaluates only if the run is trained."""
+        from hpc_grpo.evaluation.evaluate import EvalJob, job_argv
+
+        EvalJob(job_argv(run_dir, after=job_id))()
+
+    def _request_save(self) -> None:
+        """Ask the training process for a save at its next step end: a request file (read at every step end,
+        also when the signal came during its start-up) and the signal itself."""
+        if self._attempt is None:
+            return
+        save_signal.write_request(Path(self.run_dir), self._attempt)
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGUSR2)  # launch.sh execs the trainer: same pid
+            except ProcessLookupError:
+                pass
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission | None:
+        """Called by submitit on USR2 (time-limit warning, preemption, scancel --signal; global rank 0 only).
+
+        trl: ask the training process for a save at its next step boundary (hpc_grpo.job.save_signal) and wait
+        for it, at most the signal delay. verl has no save hook: its last periodic save is what survives. Then
+        decide (hpc_grpo.runstate.restart): requeue, or stop and say why in the history.
+        """
+        from hpc_grpo.cluster import slurm
+
+        env = submitit.JobEnvironment()
+        run_dir = Path(self.run_dir)
+        spec = load_frozen(run_dir / runs.SPEC)
+        if spec.cluster.restart == "chain":
+            # Only reached when the signal came before __call__ installed the chained handler (its first second).
+            runs.append_history(run_dir, env.job_id, "failed", "slurm",
+                                note="USR2 came while the job was starting: chained mode cannot carry on; "
+                                     "`hpc-grpo resume` restarts from the newest checkpoint")
+            return None
+        t0 = time.monotonic()
+        saved = self._wait_for_save(spec) if spec.recipe.engine == "trl" else None
+        if saved is None and self._finished():
+            raise _TrainingFinished()  # it trained to the end meanwhile: nothing to requeue
+        try:
+            left = slurm.time_left_s(env.job_id)
+        except slurm.SlurmError:
+            left = None
+        decision = restart.decide_for_run(run_dir, spec, left)
+        what = (f"saved step {saved} in {time.monotonic() - t0:.1f} s" if saved is not None
+                else "no save on the signal: resumes from the newest complete checkpoint")
+        note = f"{decision.reason}; {what}; {'?' if left is None else left} s were left"
+        print(f"hpc-grpo: USR2: {note}", flush=True)
+        if not decision.requeue:
+            runs.append_history(run_dir, env.job_id, "failed", "slurm", note=note)
+            return None
+        runs.append_history(run_dir, env.job_id, "requeue", "slurm", note=note)
+        return submitit.helpers.DelayedSubmission(TrainJob(self.run_dir, self.after, self.eval_after))
+
+    def _wait_for_save(self, spec: RunSpec) -> int | None:
+        """Request the save and wait for the training process to save and exit; the step it saved, or None."""
+        proc = self._proc
+        if proc is None:
+            return None
+        self._request_save()
+        budget = restart.save_budget_s(spec.cluster.signal_delay_s)
+        deadline = time.monotonic() + budget
+        while not self._exited() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not self._exited():
+            # No save in time. It holds SIGTERM off while its save is pending, and once this process is gone it
+            # would outlive the job (an orphan escapes Slurm's process tracking) and write beside the requeued one.
+            print(f"hpc-grpo: no save within {budget:.0f} s of the signal: stopping the trainer", flush=True)
+            proc.kill()
+            end = time.monotonic() + 30
+            while not self._exited() and time.monotonic() < end:
+                time.sleep(0.1)
+            return None
+        marker = save_signal.read_marker(Path(self.run_dir))
+        return int(marker["step"]) if marker and marker.get("pid") == proc.pid else None
+
+    def _exited(self) -> bool:
+        """Whether the training process has ended. Inside the signal handler Popen.poll() cannot reap it (the
+        interrupted main thread may hold Popen's lock), so a zombie in /proc also counts as ended."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return True
+        try:
+            state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        return state in ("Z", "X")
+
+    def _finished(self) -> bool:
+        """The training process ended by finishing the run (train_done.json written during this attempt)."""
+        if self._proc is None or not self._exited():
+            return False
+        if self._proc.returncode == 0:
+            return True
+        done = Path(self.run_dir) / "train_done.json"
+        return done.is_file() and done.stat().st_mtime >= self._started
+
+
+class TemplateSlurmExecutor(submitit.SlurmExecutor):
+    """submitit's SlurmExecutor, with the batch script rendered from templates/sbatch.sh.j2.
+
+    submitit's own timeout count is made unreachable: hpc_grpo.runstate.restart decides (preemptions never count, time
+    limits up to resources.max_timeout_requeues), and submitit counts every USR2 as a timeout when the time
+    limit is 10 minutes or less.
+    """
+
+    def __init__(self, spec: RunSpec, extra_sbatch: list[tuple[str, Any]] | None = None,
+                 eval_job: bool = False) -> None:
+        # python: the frozen interpreter, so the srun line runs the same one as every other in-job step.
+        super().__init__(folder=render.submitit_dir(spec), max_num_timeout=1_000_000, python=shlex.quote(spec.python))
+        self.spec = spec
+        self.extra_sbatch = list(extra_sbatch or [])
+        self.eval_job = eval_job  # the run's eval job: scripts/eval_sbatch.sh's text (render.render_eval_sbatch)
+        self.last_script = ""
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        make = render.render_eval_sbatch if self.eval_job else render.render_sbatch
+        self.last_script = make(self.spec, command, extra=self.extra_sbatch)
+        return self.last_script
+
+
+def slurm_parameters(spec: RunSpec) -> dict[str, Any]:
+    """The same numbers the template uses, so submitit's own bookkeeping (task count) agrees."""
+    r, c = spec.recipe, spec.cluster
+    params: dict[str, Any] = {
+        "job_name": spec.run_name,
+        "nodes": r.resources.nodes,
+        "ntasks_per_node": 1,
+        "cpus_per_task": r.resources.cpus_per_task or c.cpus_per_node,
+        "time": r.resources.time_min,
+        "signal_delay_s": c.signal_delay_s,
+    }
+    if spec.gpus_per_node:
+        params["gpus_per_node"] = spec.gpus_per_node
+    return params
+
+
+def check_partition(spec: RunSpec) -> None:
+    """Ask Slurm what the partition really has: a request it can never satisfy is refused now, not left pending."""
+    from hpc_grpo.cluster import slurm
+
+    r, c = spec.recipe, spec.cluster
+    partition = r.resources.partition or c.partition
+    limits = slurm.partition_limits(partition)
+    where = f"partition {limits.name}"
+    if r.resources.nodes > limits.nodes:
+        raise SpecError(f"{r.resources.nodes} nodes asked; {where} has {limits.nodes}", key="resources.nodes")
+    if spec.gpus_per_node > limits.gpus_per_node:
+        raise SpecError(f"{spec.gpus_per_node} GPUs per node asked; {where} nodes have {limits.gpus_per_node}",
+                        key="resources.gpus_per_node")
+    cpus = r.resources.cpus_per_task or c.cpus_per_node
+    if cpus > limits.cpus_per_node:
+        raise SpecError(f"{cpus} CPUs per task asked; {where} nodes have {limits.cpus_per_node}",
+                        key="resources.cpus_per_task")
+    if limits.max_time_min is not None and r.resources.time_min > limits.max_time_min:
+        raise SpecError(f"time {r.resources.time} asked; {where} allows {limits.max_time_min} minutes",
+                        key="resources.time")
+
+
+def write_run(spec: RunSpec, files: dict[str, str]) -> None:
+    render.write_files(spec.path, files)
+    (spec.path / "checkpoints").mkdir(exist_ok=True)
+
+
+def submit_run(spec: RunSpec, files: dict[str, str], purpose: str = "train", note: str = "",
+               data: dict[str, Any] | None = None) -> Submission:
+    """Create the run directory, write the frozen spec and scripts, submit, record the job id (with a note and
+    details, e.g. what `hpc-grpo resume` resumes from)."""
+    restart.check(spec)
+    if spec.cluster.scheduler == "slurm":
+        check_partition(spec)
+    with runs.submit_lock(spec.path):
+        runs.refuse_if_live(spec.path)
+        write_run(spec, files)
+        if spec.cluster.scheduler == "slurm":
+            return _submit_slurm(spec, purpose, note, data)
+        return _submit_local(spec, purpose, note, data)
+
+
+def _submit_slurm(spec: RunSpec, purpose: str, note: str = "", data: dict[str, Any] | None = None) -> Submission:
+    executor = TemplateSlurmExecutor(spec)
+    executor.update_parameters(**slurm_parameters(spec))
+    job = executor.submit(TrainJob(spec.run_dir))
+    # Same text Slurm received; equal to the rendered one.
+    (spec.path / "scripts" / "sbatch.sh").write_text(executor.last_script)
+    runs.append_history(spec.path, job.job_id, purpose, "slurm", note=note, data=data)
+    log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
+    eval_job = None
+    from hpc_grpo.evaluation.evaluate import job_argv, queued_after_training, submit_eval
+
+    if queued_after_training(spec):
+        # Chained mode: this first job ends by its time limit and the run goes on in follow-ons with new job ids, so
+        # an evaluation after this job would only find the run untrained; `hpc-grpo eval RUN` evaluates the finished run.
+        eval_job = submit_eval(spec, job_argv(spec.path, after=job.job_id), after=job.job_id)
+    return Submission(spec.path, job.job_id, "slurm", str(log), job, eval_job)
+
+
+def _submit_local(spec: RunSpec, purpose: str, note: str = "", data: dict[str, Any] | None = None) -> Submission:
+    executor = submitit.LocalExecutor(folder=render.submitit_dir(spec), python=shlex.quote(spec.python))
+    executor.update_parameters(timeout_min=spec.recipe.resources.time_min, nodes=1, tasks_per_node=1,
+                               gpus_per_node=spec.gpus_per_node)
+    job = executor.submit(TrainJob(spec.run_dir, eval_after=spec.recipe.eval.enabled))
+    runs.append_history(spec.path, job.job_id, purpose, "local", note=note, data=data)
+    log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
+    return Submission(spec.path, job.job_id, "local", str(log), job)
+
+
+
+def submit_follow_on(spec: RunSpec, after: str) -> str:
+    """Chained mode: queue the run's next job, to start only if job `after` does not end well (afternotok).
+
+    Submitted from inside a job: submitit's clean_env() drops the job's SLURM_* variables (the new job would
+    inherit its allocation's), but also SLURM_CONF, which the clients need to find a non-system cluster.
+    `--kill-on-invalid-dep` removes the follow-on when `after` completes, so it never waits forever.
+    """
+    executor = TemplateSlurmExecutor(spec, extra_sbatch=[("dependency", f"afternotok:{after}"),
+                                                         ("kill-on-invalid-dep", "yes")])
+    executor.update_parameters(**slurm_parameters(spec))
+    conf = os.environ.get("SLURM_CONF")
+    with submitit.helpers.clean_env():
+        if conf:
+            os.environ["SLURM_CONF"] = conf
+        job = executor.submit(TrainJob(spec.run_dir, after=after))
+    return str(job.job_id)

@@ -1,0 +1,1 @@
+"""Everything checked before a job is queued: layouts, batch rules, memory, schedule, disk, preflight."""

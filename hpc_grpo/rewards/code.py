@@ -1,0 +1,231 @@
+"""Execution reward for code generation, one module for both engines.
+
+A completion is scored by running its code against the problem's tests in the sandbox
+(hpc_grpo/job/code_sandbox.py: its own process, namespaces, uid and limits, killed at the end):
+
+    score = pass_weight * passed/total + style_weight * style      (style counted only if a test passed)
+    score = -syntax_penalty * (1 - 0.5 * parsed share)             (the code does not compile)
+    score = -no_code_penalty                                        (nothing code-like in the completion)
+
+so broken code is always below working-but-wrong code (0), and code that breaks later in the text
+is penalised less (a gradient even for a model that cannot yet write Python). style is
+1 - 0.2 per linter finding (pyflakes, when installed), floored at 0. Hostile code passes no test
+and scores 0.
+
+The ground truth is one JSON string (verl's parquet column reward_model.ground_truth and trl's
+ground_truth column): {"tests": [...], "entry_point": "f", "setup": "...", "prompt_code": "..."};
+a test is a Python snippet (asserts) or {"stdin": ..., "stdout": ...} for a whole program.
+trl: make_trl_code_reward(**weights). verl: reward.custom_reward_function.path=pkg://hpc_grpo.rewards.code,
+name=compute_score, weights as reward_kwargs. Stdlib only at import time.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from hpc_grpo.rewards.gsm8k import completion_text
+
+__all__ = [
+    "DATA_SOURCE",
+    "RewardWeights",
+    "CodeScore",
+    "extract_code",
+    "parse_ground_truth",
+    "run_tests",
+    "score_completion",
+    "score_batch",
+    "compute_score",
+    "make_trl_code_reward",
+    "style_score",
+]
+
+DATA_SOURCE = "hpc-grpo/codegen"
+SANDBOX = Path(__file__).resolve().parents[1] / "job" / "code_sandbox.py"
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_CODE_HINT = re.compile(r"^\s*(def |class |import |from |return\b|for |while |if |print\()|=|\(", re.M)
+
+
+@dataclass(frozen=True)
+class RewardWeights:
+    """Weights and limits of the reward; recipe keys grpo.code.* (same names)."""
+
+    pass_weight: float = 1.0
+    style_weight: float = 0.0
+    syntax_penalty: float = 0.2
+    no_code_penalty: float = 0.5
+    per_test_timeout: float = 1.0
+    memory_mb: int = 1024
+    max_procs: int = 32
+
+
+@dataclass
+class CodeScore:
+    """One completion's score and why (kept in verl's reward_extra_info and in eval reports)."""
+
+    score: float
+    kind: str  # passed | failed | syntax_error | no_code | timeout | program_error | crashed | sandbox_error
+    passed: int = 0
+    total: int = 0
+    style: float | None = None
+    seconds: float = 0.0
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def extract_code(text: str) -> str | None:
+    """The code in a completion: the first ```python block (else the first fenced block), else the
+    whole text when it looks like code; None when there is nothing code-like."""
+    blocks = _FENCE.findall(text)
+    if blocks:
+        py = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3")]
+        code = (py or [body for _, body in blocks])[0]
+        return code if code.strip() else None
+    if not text.strip() or not _CODE_HINT.search(text):
+        return None
+    return text
+
+
+def parse_ground_truth(ground_truth: Any) -> dict[str, Any]:
+    """The ground-truth JSON (a str, or an already-decoded dict) -> dict with a non-empty test list."""
+    gt = json.loads(ground_truth) if isinstance(ground_truth, (str, bytes)) else dict(ground_truth)
+    tests = gt.get("tests")
+    if not isinstance(tests, list) or not tests:
+        raise ValueError("code ground truth has no 'tests' list: prepare the data with `hpc-grpo data codegen`")
+    return gt
+
+
+def _syntax(code: str) -> float | None:
+    """None when the code compiles, else the share of characters before the error (0..1)."""
+    try:
+        ast.parse(code)
+        return None
+    except SyntaxError as exc:
+        lines = code.split("\n")
+        lineno = max(1, min(exc.lineno or 1, len(lines)))
+        before = sum(len(line) + 1 for line in lines[:lineno - 1]) + max(0, (exc.offset or 1) - 1)
+        return min(1.0, before / max(1, len(code)))
+    except (ValueError, RecursionError, MemoryError):  # null bytes, absurd nesting
+        return 0.0
+
+
+def style_score(code: str) -> float | None:
+    """1 - 0.2 per pyflakes finding (unused imports, undefined names, ...), floored at 0; None
+    without pyflakes. pyflakes only parses: the code is never run here."""
+    try:
+        from pyflakes.api import check
+        from pyflakes.reporter import Reporter
+    except ImportError:
+        return None
+    import io
+
+    sink = io.StringIO()
+    findings = check(code, "<completion>", Reporter(sink, sink))
+    return max(0.0, 1.0 - 0.2 * findings)
+
+
+def _program(code: str, gt: dict[str, Any]) -> str:
+    """HumanEval-style prompts give the signature: a completion that writes only the body runs after
+    the prompt's code; one that writes the whole function gets the prompt's imports first."""
+    prompt_code = gt.get("prompt_code") or ""
+    entry = gt.get("entry_point")
+    if not (prompt_code and entry):
+        return code
+    if not re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.M):
+        return prompt_code + code
+    imports = [line for line in prompt_code.split("\n") if re.match(r"(import|from)\s+\w", line)]
+    return "\n".join(imports + [code]) if imports else code
+
+
+def _tests_for(gt: dict[str, Any]) -> list[Any]:
+    entry = gt.get("entry_point")
+    out = []
+    for t in gt["tests"]:
+        if isinstance(t, str) and "def check(" in t and entry:
+            out.append(t + f"\ncheck({entry})\n")
+        else:
+            out.append(t)
+    return out
+
+
+def run_tests(code: str, gt: dict[str, Any], weights: RewardWeights = RewardWeights()) -> dict[str, Any]:
+    """Run the sandbox once (a fresh process) and return its JSON report."""
+    tests = _tests_for(gt)
+    job = {"code": code, "tests": tests, "setup": gt.get("setup", ""), "per_test_timeout": weights.per_test_timeout,
+           "memory_mb": weights.memory_mb, "max_procs": weights.max_procs}
+    outer = weights.per_test_timeout * (len(tests) + 2) + 10.0
+    proc = subprocess.Popen([sys.executable, "-I", "-S", str(SANDBOX)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd="/")
+    try:
+        out, err = proc.communicate(json.dumps(job).encode(), timeout=outer)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.communicate()
+        return {"status": "sandbox_error", "passed": 0, "total": len(tests), "error": "runner timed out"}
+    try:
+        return json.loads(out.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"status": "sandbox_error", "passed": 0, "total": len(tests),
+                "error": (err.decode(errors="replace")[-300:] or f"runner exit {proc.returncode}")}
+
+
+def score_completion(text: str, ground_truth: Any, weights: RewardWeights = RewardWeights()) -> CodeScore:
+    """Score one completion's text against its ground truth (see the module docstring)."""
+    gt = parse_ground_truth(ground_truth)
+    code = extract_code(text)
+    if code is None:
+        return CodeScore(-weights.no_code_penalty, "no_code", total=len(gt["tests"]))
+    program = _program(code, gt)
+    parsed = _syntax(program)
+    if parsed is not None:
+        return CodeScore(-weights.syntax_penalty * (1.0 - 0.5 * parsed), "syntax_error", total=len(gt["tests"]),
+                         detail={"parsed_share": round(parsed, 3)})
+    report = run_tests(program, gt, weights)
+    passed, total = int(report.get("passed", 0)), int(report.get("total", len(gt["tests"])))
+    frac = passed / total if total else 0.0
+    style = style_score(code) if weights.style_weight else None
+    score = weights.pass_weight * frac + (weights.style_weight * style if style is not None and passed else 0.0)
+    status = report.get("status", "ok")
+    kind = ("passed" if passed == total else "failed") if status == "ok" else status
+    return CodeScore(score, kind, passed, total, style, float(report.get("seconds", 0.0)), report)
+
+
+def score_batch(texts: Sequence[str], ground_truths: Sequence[Any], weights: RewardWeights = RewardWeights(),
+                workers: int | None = None) -> list[CodeScore]:
+    """Score many completions in parallel, one sandbox per completion, `workers` at a time
+    (default: the CPUs this process may use)."""
+    if len(texts) != len(ground_truths):
+        raise ValueError(f"{len(texts)} completions but {len(ground_truths)} ground truths")
+    n = workers or len(os.sched_getaffinity(0))
+    with ThreadPoolExecutor(max_workers=max(1, n)) as pool:
+        return list(pool.map(lambda a: score_completion(a[0], a[1], weights), zip(texts, ground_truths)))
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None,
+                  **reward_kwargs: Any) -> dict[str, Any]:
+    """verl's custom reward function (reward.custom_reward_function.name=compute_score). verl calls it
+    once per response from a thread pool, so calls run in parallel. reward_kwargs: RewardWeights fields.
+    Returns verl's dict form: 'score' plus extra info verl logs."""
+    known = {k: v for k, v in reward_kwargs.items() if k in RewardWeights.__dataclass_fields__}
+    result = score_completion(solution_str, ground_truth, RewardWeights(**known))
+    return {"score": float(result.score), "passed": result.passed, "total": result.total,
+            "syntax_error": float(result.kind == "syntax_error"), "timeout": float(result.kind == "timeout")}
+
+
+def make_trl_code_reward(weights: RewardWeights = RewardWeights(), workers: int | None = None) -> Callable[..., list[float]]:
+    """A trl reward function: all completions of a step scored in parallel; metric name 'code_exec'."""
+
+    def code_exec(completions: Iterable[Any], ground_truth: Iterable[Any], **kwargs: Any) -> list[float]:
+        texts = [completion_text(c) for c in completions]
+        return [s.score for s in score_batch(texts, list(ground_truth), weights, workers)]
+
+    code_exec.__name__ = "code_exec"
+    return code_exec
