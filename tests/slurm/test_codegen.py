@@ -13,9 +13,10 @@ override (the runs root is moved into that folder: slurm-dev's /tmp/hpc-grpo-run
 
 The sandbox's isolation as that user: the jobs print the code sandbox's isolation at their start (`code sandbox on
 NODE: MODE ...`, hpc_grpo/job/isolation.py, issue 17 item 2). Where that module exists the test requires the line
-in both jobs' logs and a mode other than limits-only, and the HumanEval scores' own isolation to be that mode.
-Without it (before that work is merged) a normal user's sandbox has no namespaces: the test then asserts the
-scores say "none", so the day this changes the test says so too (ISOLATION_REPORTED below).
+in both jobs' logs and a mode other than limits-only (and any HumanEval sample that reached the sandbox to report it).
+Without it (before that work is merged) a normal user's sandbox has no namespaces: the test then asserts there is
+no such line and that any sample that reached the sandbox ran with "none" (ISOLATION_REPORTED below switches).
+The random model writes no code, so most samples never reach the sandbox: the job line is the evidence.
 """
 
 from __future__ import annotations
@@ -123,17 +124,18 @@ def test_tiny_codegen_trains_and_evaluates_humaneval_as_an_unprivileged_user(use
     assert result["metrics"]["humaneval/pass@1"] == scored["policy"]["pass@1"]
     assert result["settings"]["tasks"] == ["humaneval"] and result["settings"]["test_file"] == ""
 
-    # The sandbox's isolation as this user.
+    # The sandbox's isolation as this user. The random model writes no code, so its samples rarely reach the
+    # sandbox (outcome no_code, no isolation recorded): the jobs' start-up line is the evidence, once it exists.
+    ran = {who: s["isolation"] for who, s in scored.items() if s["isolation"] is not None}
     if ISOLATION_REPORTED:
         for what, text in (("training", train_log), ("eval", eval_log)):
             modes = _isolation_modes(text)
             assert modes, f"the {what} job's log has no 'code sandbox ...' isolation line:\n{text[-2000:]}"
             assert "limits-only" not in modes, f"the {what} job's sandbox ran limits-only as {USER}: {modes}"
-        for who, s in scored.items():
-            assert s["isolation"] == _isolation_modes(eval_log)[0], (who, s)
-    else:
-        for who, s in scored.items():  # today: a normal user's sandbox has resource limits only
-            assert s["isolation"] == "none", (who, s)
+        assert set(ran.values()) <= set(_isolation_modes(eval_log)), (ran, _isolation_modes(eval_log))
+    else:  # before hpc_grpo/job/isolation.py: no line, and a normal user's sandbox has resource limits only
+        assert not _isolation_modes(train_log + eval_log)
+        assert set(ran.values()) <= {"none"}, ran
 
     # Nothing in the test's folder (data, model, runs, caches the jobs wrote) belongs to anyone else.
     owners = _owners(work)
