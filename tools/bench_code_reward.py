@@ -253,7 +253,7 @@ def parse_mix(text: str) -> tuple[int, int, int]:
     except ValueError:
         mix = ()
     if len(mix) != 3 or min(mix) < 0 or sum(mix) == 0:
-        raise SystemExit(f"--mix {text}: give PASS:FAIL:TIMEOUT as three whole numbers, not all 0 (e.g. 2:1:1)")
+        raise ValueError(f"--mix {text}: give PASS:FAIL:TIMEOUT as three whole numbers, not all 0 (e.g. 2:1:1)")
     return mix  # type: ignore[return-value]
 
 
@@ -282,7 +282,10 @@ def main() -> int:
     ap.add_argument("--mfu", type=float, default=0.35)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    mix = parse_mix(args.mix)
+    try:
+        mix = parse_mix(args.mix)
+    except ValueError as exc:
+        ap.error(str(exc))  # exit 2
 
     groups, usable = completion_set(args.count, mix)
     cpus = len(os.sched_getaffinity(0))
