@@ -11,17 +11,15 @@ with HOME set to a fresh folder in that user's home, so the recipe's own paths (
 ~/.cache/hpc-grpo/tiny-qwen2) land there unchanged: the recipe runs as a user would run it, no data or model
 override (the runs root is moved into that folder: slurm-dev's /tmp/hpc-grpo-runs belongs to root).
 
-The sandbox's isolation as that user: the jobs print the code sandbox's isolation at their start (`code sandbox on
-NODE: MODE ...`, hpc_grpo/job/isolation.py, issue 17 item 2). Where that module exists the test requires the line
-in both jobs' logs and a mode other than limits-only (and any HumanEval sample that reached the sandbox to report it).
-Without it (before that work is merged) a normal user's sandbox has no namespaces: the test then asserts there is
-no such line and that any sample that reached the sandbox ran with "none" (ISOLATION_REPORTED below switches).
-The random model writes no code, so most samples never reach the sandbox: the job line is the evidence.
+The sandbox's isolation as that user: each job prints at its start what the code sandbox gets on its node (`code
+sandbox on NODE: MODE ... (probed; grpo.code.isolation=auto)`, hpc_grpo/cluster/isolation.py). As a normal user
+that must be `userns` (unprivileged user namespaces), in both jobs: not limits-only (the recipe does not consent to
+it, so the job would have refused), and not namespaces+uid (root's). Any HumanEval sample that reached the sandbox
+must report the same mode; the random model writes no code, so few do: the job line is the evidence.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -41,8 +39,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 DEADLINE_S = 900.0  # per job: about 1-2 min on 2 idle cores; a shared, loaded machine has taken 10x that
 STEPS = 4  # of the recipe's 8, a checkpoint every 2: the same code path in half the time
 EVAL_LIMIT = 4  # the recipe's eval.limit: HumanEval/0-3
-# The jobs report the sandbox's isolation once hpc_grpo/job/isolation.py exists (issue 17 item 2); switch on here.
-ISOLATION_REPORTED = importlib.util.find_spec("hpc_grpo.job.isolation") is not None
+# hpc_grpo/cluster/isolation.py's job line: "code sandbox on NODE: MODE (...)" (or "code sandbox: limits-only ...")
 _ISOLATION_LINE = re.compile(r"code sandbox(?: on \S+)?: (namespaces\+uid|userns|limits-only)\b")
 
 
@@ -124,19 +121,13 @@ def test_tiny_codegen_trains_and_evaluates_humaneval_as_an_unprivileged_user(use
     assert result["metrics"]["humaneval/pass@1"] == scored["policy"]["pass@1"]
     assert result["settings"]["tasks"] == ["humaneval"] and result["settings"]["test_file"] == ""
 
-    # The sandbox's isolation as this user. The random model writes no code, so its samples rarely reach the
-    # sandbox (outcome no_code, no isolation recorded): the jobs' start-up line is the evidence, once it exists.
+    # The sandbox's isolation as this user: the jobs' start-up line (few samples of a random model reach the sandbox).
+    for what, text in (("training", train_log), ("eval", eval_log)):
+        modes = _isolation_modes(text)
+        assert modes, f"the {what} job's log has no 'code sandbox on NODE: MODE' line:\n{text[-2000:]}"
+        assert set(modes) == {"userns"}, f"the {what} job's sandbox as {USER}: {modes} (expected userns)"
     ran = {who: s["isolation"] for who, s in scored.items() if s["isolation"] is not None}
-    if ISOLATION_REPORTED:
-        for what, text in (("training", train_log), ("eval", eval_log)):
-            modes = _isolation_modes(text)
-            assert modes, f"the {what} job's log has no 'code sandbox ...' isolation line:\n{text[-2000:]}"
-            assert "limits-only" not in modes, f"the {what} job's sandbox ran limits-only as {USER}: {modes}"
-        assert set(ran.values()) <= set(_isolation_modes(eval_log)), (ran, _isolation_modes(eval_log))
-    else:  # before hpc_grpo/job/isolation.py: no line, and a normal user's sandbox has resource limits only
-        assert not _isolation_modes(train_log + eval_log)
-        assert set(ran.values()) <= {"none"}, ran
-
+    assert set(ran.values()) <= {"userns"}, ran
     # Nothing in the test's folder (data, model, runs, caches the jobs wrote) belongs to anyone else.
     owners = _owners(work)
     assert set(owners) == {user.uid}, {uid: paths[:10] for uid, paths in owners.items() if uid != user.uid}
