@@ -135,5 +135,5 @@ def test_tiny_codegen_trains_and_evaluates_humaneval_as_an_unprivileged_user(use
     print(f"\ntiny-codegen as {USER} (uid {user.uid}) on slurm-dev: train job {train_id} done at {t_train:.1f}s, "
           f"eval job {eval_id} done at {t_eval:.1f}s; HumanEval pass@1 base {scored['base']['pass@1']:.3f}, "
           f"policy {scored['policy']['pass@1']:.3f}; rewards {[round(r['reward'], 3) for r in rows]}; "
-          f"sandbox isolation {scored['policy']['isolation']}")
+          f"code sandbox (job lines): training {_isolation_modes(train_log)}, eval {_isolation_modes(eval_log)}")
     shutil.rmtree(work)
