@@ -393,13 +393,24 @@ class EvalResources(Strict):
 
 EVAL_TASKS = ("gsm8k", "gsm8k_cot", "humaneval")
 GSM8K_TASKS = ("gsm8k", "gsm8k_cot")  # lm-eval tasks on the GSM8K files; humaneval needs none
+CODE_REWARDS = ("code_exec",)  # grpo.reward values that train code generation
+
+
+def default_eval_tasks(reward: str) -> list[str]:
+    """The tasks a recipe evaluates after training when it does not set eval.tasks: the skill its reward trains
+    (a code reward -> humaneval, every other reward -> gsm8k). The one place this is decided: Recipe fills
+    eval.tasks from it, so the frozen spec, plan, preflight and the eval job all read the same list."""
+    return ["humaneval"] if reward in CODE_REWARDS else ["gsm8k"]
 
 
 class Eval(Strict):
-    """GSM8K evaluation after training (lm-eval's own task definitions, run offline on local files)."""
+    """Evaluation after training: GSM8K through lm-eval's own task definitions (offline, on local files), HumanEval
+    pass@1 through the training reward's sandbox. Unset tasks follow grpo.reward (default_eval_tasks)."""
 
     enabled: bool = True
-    tasks: list[Literal["gsm8k", "gsm8k_cot", "humaneval"]] = Field(default_factory=lambda: ["gsm8k"], min_length=1)
+    tasks: list[Literal["gsm8k", "gsm8k_cot", "humaneval"]] = Field(
+        default_factory=lambda: default_eval_tasks(Grpo.model_fields["reward"].default), min_length=1,
+        description="None/unset: by grpo.reward (code_exec -> [humaneval], else [gsm8k])")
     limit: int | None = Field(default=None, gt=0, description="first K test problems (None: all 1319)")
     num_fewshot: int | None = Field(default=None, ge=0, description="None: the task's own (gsm8k 5, gsm8k_cot 8)")
     backend: Literal["hf", "vllm"] | None = Field(default=None, description="None: vllm when training uses GPUs, "
@@ -451,6 +462,26 @@ class Recipe(Strict):
     passthrough: dict[str, Any] = Field(
         default_factory=dict, description="engine keys the schema does not model, verbatim"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _eval_tasks(cls, data: Any) -> Any:
+        """eval.tasks left unset (absent or null) -> default_eval_tasks(grpo.reward), before validation, so the
+        frozen spec records the list the eval job will run."""
+        if not isinstance(data, dict):
+            return data
+        ev, grpo = data.get("eval"), data.get("grpo")
+        if isinstance(ev, Eval):
+            if "tasks" in ev.model_fields_set:
+                return data
+        elif ev is None:
+            ev = {}
+        elif not isinstance(ev, dict) or ev.get("tasks") is not None:
+            return data  # set (or not a mapping: validation says what is wrong)
+        reward = (grpo.reward if isinstance(grpo, Grpo) else grpo.get("reward") if isinstance(grpo, dict) else None)
+        tasks = default_eval_tasks(reward if isinstance(reward, str) else Grpo.model_fields["reward"].default)
+        ev = ev.model_copy(update={"tasks": tasks}) if isinstance(ev, Eval) else {**ev, "tasks": tasks}
+        return {**data, "eval": ev}
 
     @field_validator("name")
     @classmethod
