@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpc_grpo.runstate import restart, runs
-from hpc_grpo.cluster import slurm
+from hpc_grpo.cluster import sbatch, slurm
 from hpc_grpo.config.spec import RunSpec
 
 
@@ -41,6 +41,7 @@ def start(spec: RunSpec, job_id: str, rank: int, after: str | None) -> bool:
         from hpc_grpo.launch.submit import submit_follow_on
 
         follow = submit_follow_on(spec, job_id)
-        runs.append_history(run_dir, follow, "chain", "slurm", note=f"follow-on of job {job_id} (afternotok)")
-        print(f"hpc-grpo: chained mode: queued follow-on job {follow} (afternotok:{job_id})", flush=True)
+        runs.append_history(run_dir, follow, "chain", "slurm", note=f"follow-on of job {job_id} ({sbatch.AFTER_NOT_OK})")
+        print(f"hpc-grpo: chained mode: queued follow-on job {follow} ({sbatch.dependency(sbatch.AFTER_NOT_OK, job_id)})",
+              flush=True)
     return True
