@@ -322,7 +322,8 @@ def check_memory(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> tuple[
     if r.engine != "verl" or shape is None or spec.verl_cpu:  # no GPU memory to model on CPU
         return [], None
     from hpc_grpo.engines.verl import max_num_seqs
-    from hpc_grpo.planning.memory import estimate_memory, memory_findings
+    from hpc_grpo.engines.verl_memory import estimate_memory
+    from hpc_grpo.planning.memory import memory_findings
 
     seq = r.data.max_prompt_length + r.data.max_response_length
     micro = r.batch.micro_per_gpu or 1

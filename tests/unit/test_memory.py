@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpc_grpo.common.findings import Severity
-from hpc_grpo.planning.memory import MemoryEstimate, estimate_memory, lora_trainable_params, memory_findings
+from hpc_grpo.engines.verl_memory import estimate_memory
+from hpc_grpo.planning.memory import MemoryEstimate, lora_trainable_params, memory_findings
 from hpc_grpo.planning.models import ModelShape, resolve_shape
 
 

@@ -246,3 +246,11 @@ def test_import_is_stdlib_only() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2])
     assert out.stdout.strip() == ""
+    # verl's memory model and advice: no numeric stack either (the engines package itself loads the typed spec)
+    code = (
+        "import sys, hpc_grpo.engines.verl_memory, hpc_grpo.engines.verl_memory_model;"
+        "bad=[m for m in ('torch','transformers','numpy') if m in sys.modules];"
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2])
+    assert out.stdout.strip() == ""
