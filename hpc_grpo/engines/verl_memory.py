@@ -1,7 +1,7 @@
-"""`plan`'s per-GPU memory estimate of a verl GRPO step, and which single knob would lower its peak.
+"""`plan`'s per-GPU memory estimate of a verl GRPO step from the recipe, and which single knob would lower its peak.
 
 The model itself (what verl keeps on a GPU in each phase) is hpc_grpo.engines.verl_memory_model; the estimate's
-record and its findings are hpc_grpo.planning.memory. Stdlib only (on the path of `hpc-grpo plan`).
+record and its findings are hpc_grpo.planning.memory. Nothing heavy is imported (on the path of `hpc-grpo plan`).
 """
 
 from __future__ import annotations
@@ -9,11 +9,14 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from hpc_grpo.common.findings import Finding, warning
+from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.engines.verl_memory_model import USABLE_FRACTION, Inputs, compute
-from hpc_grpo.planning.memory import WARN_FRACTION, MemoryEstimate
+from hpc_grpo.planning.layout import Layout
+from hpc_grpo.planning.memory import WARN_FRACTION, MemoryEstimate, memory_findings
 from hpc_grpo.planning.models import ModelShape
 
-__all__ = ["estimate_memory"]
+__all__ = ["check_memory", "estimate_memory"]
 
 MIN_SAVING_GIB = 0.5  # advice below this is noise next to the estimate's own error
 
@@ -208,3 +211,52 @@ def _advice(i: Inputs, est: MemoryEstimate) -> list[str]:
         rows.append((enough, tier, rank, saving, f"{label} saves ~{saving:.1f} GiB -> ~{new.total_gib:.1f} GiB ({verdict}{host})"))
     rows.sort(key=lambda r: (not r[0], r[1] if r[0] else 0, r[2] if r[0] else 0, -r[3]))
     return [r[4] for r in rows]
+
+
+# ------------------------------------------------------------------------------------ the recipe's estimate
+def check_memory(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> tuple[list[Finding], object | None]:
+    """The recipe's estimate and its findings (plus host memory for what is offloaded); ([], None) where no GPU
+    memory is modelled (trl, verl on CPU) or the model's shape is unknown."""
+    r = spec.recipe
+    if r.engine != "verl" or shape is None or spec.verl_cpu:  # no GPU memory to model on CPU
+        return [], None
+    from hpc_grpo.engines.verl import max_num_seqs
+
+    seq = r.data.max_prompt_length + r.data.max_response_length
+    micro = r.batch.micro_per_gpu or 1
+    if r.batch.dynamic_bsz:
+        micro, seq = 1, r.batch.max_token_len_per_gpu or seq
+    est = estimate_memory(
+        shape,
+        backend=r.backend,
+        world_size=lay.world_size,
+        tp=lay.tp if r.backend == "megatron" else 1,
+        pp=lay.pp if r.backend == "megatron" else 1,
+        ep=lay.ep if r.backend == "megatron" else 1,
+        cp=lay.cp if r.backend == "megatron" else 1,
+        lora_rank=r.lora.rank,
+        param_offload=r.offload.param,
+        optimizer_offload=r.offload.optimizer,
+        ref_param_offload=r.offload.ref_param,
+        use_ref=r.grpo.kl_loss,
+        gpu_memory_utilization=r.rollout.gpu_memory_utilization,
+        gpu_memory_gb=spec.cluster.gpu_memory_gb,
+        micro_batch_per_gpu=micro,
+        seq_len=seq,
+        activation_checkpointing=r.model.gradient_checkpointing,
+        etp=r.parallel.etp if r.backend == "megatron" else None,
+        rollout_tp=r.parallel.rollout_tp,
+        sequence_parallel=r.parallel.sequence_parallel,
+        dynamic_bsz=r.batch.dynamic_bsz,
+        log_prob_micro_batch_per_gpu=r.batch.log_prob_micro_per_gpu,
+        enforce_eager=r.rollout.enforce_eager,
+        max_num_seqs=max_num_seqs(spec),
+    )
+    findings = memory_findings(est)
+    host_need = est.host_gib * lay.gpus_per_node
+    if host_need > spec.cluster.mem_per_node_gb:
+        findings.append(warning("offload", f"offloaded state needs ~{host_need:.0f} GiB of host memory per node; "
+                                f"cluster '{spec.cluster.name}' nodes have {spec.cluster.mem_per_node_gb:g} GB",
+                                "offload less, or use more nodes / a larger TP so each GPU holds less"))
+    return findings, est
+
