@@ -802,7 +802,7 @@ def prune_ckpts(
     as_json: JsonT = False,
 ) -> None:
     """Apply the retention policy (the recipe's checkpoint section, overridden by options) to a run's checkpoints."""
-    from hpc_grpo.runstate.retention import cli_prune
+    from hpc_grpo.commands.prune import cli_prune
 
     results = cli_prune(run, all_runs, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best,
                         max_bytes=max_bytes, dry_run=dry_run)
@@ -816,7 +816,7 @@ def prune_ckpts(
 
 
 def print_prune(result: Any) -> None:
-    from hpc_grpo.runstate.retention import fmt_bytes
+    from hpc_grpo.runstate.prune import fmt_bytes
 
     t = Table(title=f"{result.run_dir.name}: checkpoints ({result.engine})" + (" [dry run]" if result.dry_run else ""))
     for col in ("step", "size", "complete", "verdict", "because"):
