@@ -50,7 +50,7 @@ def completion_set(count: int) -> tuple[list[str], list[str], list[str]]:
 
 
 def step_estimate(args: argparse.Namespace) -> dict[str, float]:
-    from hpc_grpo.planning.models import resolve_shape
+    from hpc_grpo.config.models import resolve_shape
     from hpc_grpo.config.resolve import resolve_spec
 
     spec = resolve_spec(args.recipe, args.cluster)

@@ -1,19 +1,37 @@
 """What a job asks Slurm for: its #SBATCH options, its srun options, its requeue mode and the dependency strings
-that chain jobs. Plain values only: hpc_grpo.launch.render quotes them into templates/sbatch.sh.j2, and a value an
-#SBATCH line cannot hold (a line break) is refused there. Stdlib only.
+that chain jobs. Names and numbers in, plain values out: hpc_grpo.launch.render fills a Request from the spec and
+quotes the values into templates/sbatch.sh.j2, refusing a value an #SBATCH line cannot hold (a line break). Stdlib
+only.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from hpc_grpo.config.spec import RunSpec
 
 # Dependency kinds (sbatch --dependency=KIND:JOB). afterany: start once the job has ended, however it ended.
 # afternotok: start only if it did not end COMPLETED (TIMEOUT, PREEMPTED, NODE_FAIL, FAILED, CANCELLED...).
 AFTER_ANY = "afterany"
 AFTER_NOT_OK = "afternotok"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One job's allocation in Slurm's terms."""
+
+    job_name: str
+    nodes: int
+    gpus_per_node: int
+    gpu_type: str | None
+    gpu_request: str  # how the cluster wants GPUs asked for: "gpus-per-node" or "gres"
+    cpus_per_task: int
+    mem_gb: int | None
+    time_min: int
+    partition: str | None
+    account: str | None
+    qos: str | None
+    signal_delay_s: int  # USR2 this long before the time limit
 
 
 def dependency(kind: str, job_id: str) -> str:
@@ -27,32 +45,29 @@ def follow_on(after: str) -> list[tuple[str, Any]]:
     return [("dependency", dependency(AFTER_NOT_OK, after)), ("kill-on-invalid-dep", "yes")]
 
 
-def options(spec: RunSpec, folder: Path, extra: list[tuple[str, Any]] | None = None) -> list[tuple[str, Any]]:
+def options(req: Request, folder: Path, extra: list[tuple[str, Any]] | None = None) -> list[tuple[str, Any]]:
     """The #SBATCH options, in the order the batch script lists them. `folder`: the run's submitit folder (the
     job's logs); `extra`: more options (the evaluation job's afterany dependency, a chained follow-on's afternotok)."""
-    r, c = spec.recipe, spec.cluster
-    res = r.resources
-    gpus = spec.gpus_per_node
+    gpus = req.gpus_per_node
     sbatch: list[tuple[str, Any]] = [
-        ("job-name", spec.run_name),
-        ("nodes", res.nodes),
+        ("job-name", req.job_name),
+        ("nodes", req.nodes),
         ("ntasks-per-node", 1),
     ]
     if gpus:
-        if c.gpu_request == "gres":
-            sbatch.append(("gres", f"gpu:{c.gpu_type}:{gpus}" if c.gpu_type else f"gpu:{gpus}"))
+        if req.gpu_request == "gres":
+            sbatch.append(("gres", f"gpu:{req.gpu_type}:{gpus}" if req.gpu_type else f"gpu:{gpus}"))
         else:
-            sbatch.append(("gpus-per-node", f"{c.gpu_type}:{gpus}" if c.gpu_type else gpus))
-    sbatch.append(("cpus-per-task", res.cpus_per_task or c.cpus_per_node))
-    if res.mem_gb:
-        sbatch.append(("mem", f"{res.mem_gb}G"))
-    sbatch.append(("time", res.time_min))
-    for key, value in (("partition", res.partition or c.partition), ("account", res.account or c.account),
-                       ("qos", res.qos or c.qos)):
+            sbatch.append(("gpus-per-node", f"{req.gpu_type}:{gpus}" if req.gpu_type else gpus))
+    sbatch.append(("cpus-per-task", req.cpus_per_task))
+    if req.mem_gb:
+        sbatch.append(("mem", f"{req.mem_gb}G"))
+    sbatch.append(("time", req.time_min))
+    for key, value in (("partition", req.partition), ("account", req.account), ("qos", req.qos)):
         if value:
             sbatch.append((key, value))
     sbatch += [
-        ("signal", f"USR2@{c.signal_delay_s}"),
+        ("signal", f"USR2@{req.signal_delay_s}"),
         *(extra or []),
         ("output", f"{folder}/%j_0_log.out"),
         ("error", f"{folder}/%j_0_log.err"),
@@ -61,19 +76,17 @@ def options(spec: RunSpec, folder: Path, extra: list[tuple[str, Any]] | None = N
     return sbatch
 
 
-def srun_args(spec: RunSpec, folder: Path) -> list[str]:
-    """The options of the srun line that starts one task per node: per-task logs in `folder`, the container."""
-    c = spec.cluster
+def srun_args(folder: Path, container: str | None, run_dir: str) -> list[str]:
+    """The options of the srun line that starts one task per node: per-task logs in `folder`; in a container, the
+    run directory mounted at its own path."""
     srun = ["--unbuffered", "--output", f"{folder}/%j_%t_log.out", "--error", f"{folder}/%j_%t_log.err"]
-    if c.setup.container:
-        srun += [f"--container-image={c.setup.container}", f"--container-mounts={spec.run_dir}:{spec.run_dir}",
+    if container:
+        srun += [f"--container-image={container}", f"--container-mounts={run_dir}:{run_dir}",
                  "--no-container-mount-home"]
     return srun
 
 
-def requeue_mode(spec: RunSpec) -> dict[str, bool]:
+def requeue_mode(requeue: bool, chained: bool) -> dict[str, bool]:
     """--requeue or --no-requeue. Chained mode: never requeued (the site may forbid it; a preempted job must end
     PREEMPTED so its follow-on runs)."""
-    c = spec.cluster
-    chain = c.restart == "chain"
-    return {"requeue": c.requeue and not chain, "no_requeue": chain}
+    return {"requeue": requeue and not chained, "no_requeue": chained}

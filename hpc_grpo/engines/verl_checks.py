@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from hpc_grpo.common.findings import Finding, error, info, warning
 from hpc_grpo.config.spec import RunSpec
-from hpc_grpo.planning.layout import Layout
-from hpc_grpo.planning.models import ModelShape
+from hpc_grpo.config.layout import Layout
+from hpc_grpo.config.models import ModelShape
 
 
 def check_verl_cpu(spec: RunSpec) -> list[Finding]:

@@ -1,7 +1,7 @@
 """`plan`'s per-GPU memory estimate of a verl GRPO step from the recipe, and which single knob would lower its peak.
 
 The model itself (what verl keeps on a GPU in each phase) is hpc_grpo.engines.verl_memory_model; the estimate's
-record and its findings are hpc_grpo.planning.memory. Nothing heavy is imported (on the path of `hpc-grpo plan`).
+record and its findings are hpc_grpo.engines.memory. Nothing heavy is imported (on the path of `hpc-grpo plan`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import replace
 from hpc_grpo.common.findings import Finding, warning
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.engines.verl_memory_model import USABLE_FRACTION, Inputs, compute
-from hpc_grpo.planning.layout import Layout
-from hpc_grpo.planning.memory import WARN_FRACTION, MemoryEstimate, memory_findings
-from hpc_grpo.planning.models import ModelShape
+from hpc_grpo.config.layout import Layout
+from hpc_grpo.config.models import ModelShape
+from hpc_grpo.engines.memory import WARN_FRACTION, MemoryEstimate, memory_findings
 
 __all__ = ["check_memory", "estimate_memory"]
 

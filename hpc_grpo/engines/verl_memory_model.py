@@ -53,8 +53,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hpc_grpo.planning.memory import MemoryEstimate, lora_trainable_params
-from hpc_grpo.planning.models import ModelShape, param_groups
+from hpc_grpo.config.models import ModelShape, lora_trainable_params, param_groups
+from hpc_grpo.engines.memory import MemoryEstimate
 
 GIB = float(1024**3)
 ADAM_STATES_BYTES = 8  # two moments; FSDP: in the fp32 param dtype, the params are the master

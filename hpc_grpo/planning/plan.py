@@ -16,8 +16,8 @@ from pathlib import Path
 from hpc_grpo.engines import get_engine
 from hpc_grpo.engines.verl_checks import check_batches, check_layout, check_rollout
 from hpc_grpo.common.findings import Finding, cannot_read, error, has_errors, warning
-from hpc_grpo.planning.layout import Layout, layout_of
-from hpc_grpo.planning.models import ModelShape, resolve_shape
+from hpc_grpo.config.layout import Layout, layout_of
+from hpc_grpo.config.models import ModelShape, resolve_shape
 from hpc_grpo.planning.resources import check_resources
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.spec import RunSpec

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hpc_grpo.common.findings import Finding, error
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.engines.verl_checks import check_verl_cpu
-from hpc_grpo.planning.layout import Layout
+from hpc_grpo.config.layout import Layout
 
 
 def check_resources(spec: RunSpec, lay: Layout) -> list[Finding]:

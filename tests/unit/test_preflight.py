@@ -168,7 +168,7 @@ def test_no_room_for_the_kept_checkpoints(isolated) -> None:
 
 
 def test_sizing_uses_the_shape_with_kept_plus_one(isolated) -> None:
-    from hpc_grpo.planning.models import resolve_shape
+    from hpc_grpo.config.models import resolve_shape
 
     spec = resolve_spec("qwen2.5-7b-codegen", "a100-ib", ["checkpoint.keep_last=2", f"cluster.runs_root={isolated}"],
                         run_name="t")

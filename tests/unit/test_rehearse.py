@@ -9,7 +9,7 @@ import pytest
 
 from hpc_grpo.commands import rehearse as R
 from hpc_grpo.engines.verl_checks import check_batches, check_layout, check_verl_cpu
-from hpc_grpo.planning.layout import layout_of
+from hpc_grpo.config.layout import layout_of
 from hpc_grpo.planning.resources import check_resources
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.config.spec import RunSpec

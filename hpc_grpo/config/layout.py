@@ -1,5 +1,5 @@
-"""The layout of a run: world size, GPUs per node and the parallel sizes every check and the plan table use.
-Stdlib only."""
+"""The layout of a run: world size, GPUs per node and the parallel sizes, derived from the RunSpec, that every
+check (planning's and the engines' own) and the plan table use."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 largest term and the first knob of the advice.
 
 Engine-neutral: the estimate of a verl GRPO step (what is resident in each phase, and which knob lowers the
-peak) is hpc_grpo.engines.verl_memory. Stdlib only (on the path of `hpc-grpo plan`).
+peak) is hpc_grpo.engines.verl_memory. Stdlib only (on the path of `hpc-grpo plan`). LoRA's parameter count is
+hpc_grpo.config.models.lora_trainable_params.
 """
 
 from __future__ import annotations
@@ -11,28 +12,10 @@ import math
 from dataclasses import dataclass, field
 
 from hpc_grpo.common.findings import Finding, error, info, warning
-from hpc_grpo.planning.models import ModelShape
 
-__all__ = ["MemoryEstimate", "lora_trainable_params", "memory_findings"]
+__all__ = ["MemoryEstimate", "memory_findings"]
 
 WARN_FRACTION = 0.9  # above this share of the GPU the estimate is "tight" (warning) and advice is given
-
-
-def lora_trainable_params(shape: ModelShape, rank: int) -> int:
-    """Adapter parameters for LoRA on all linear layers: rank x (in + out) per linear layer.
-
-    Counts q/k/v/o, gate/up/down of dense MLPs and of every expert, and the MoE router; PEFT's
-    all-linear leaves the lm_head out.
-    """
-    if rank <= 0:
-        return 0
-    h, d = shape.hidden_size, shape.head_dim
-    q, kv = shape.num_attention_heads * d, shape.num_key_value_heads * d
-    attn = (h + q) + 2 * (h + kv) + (q + h)
-    dense_layers = shape.num_hidden_layers - shape.num_moe_layers
-    per_dense = 3 * (h + shape.intermediate_size)
-    per_moe = shape.num_experts * 3 * (h + shape.moe_intermediate_size) + (h + shape.num_experts)
-    return rank * (attn * shape.num_hidden_layers + per_dense * dense_layers + per_moe * shape.num_moe_layers)
 
 
 @dataclass
