@@ -15,7 +15,7 @@ def cli_prune(run: str | None, all_runs: bool, *, dry_run: bool, max_bytes: str 
     """`hpc-grpo prune-ckpts`: one run (by name, folder, or the newest), or all of them."""
     from hpc_grpo.config.resolve import load_frozen
     from hpc_grpo.runstate.runs import find_runs
-    from hpc_grpo.config.spec import parse_size
+    from hpc_grpo.config.fields import parse_size
     from hpc_grpo.commands.status import locate_run, runs_roots
     from hpc_grpo.common.yamlio import SpecError
 
@@ -27,7 +27,7 @@ def cli_prune(run: str | None, all_runs: bool, *, dry_run: bool, max_bytes: str 
         except ValueError as exc:
             raise SpecError(f"--max-bytes {max_bytes!r} {exc}", key="max_bytes") from None
     if overrides.get("keep_best") is not None:
-        from hpc_grpo.config.spec import KEEP_BEST_RE
+        from hpc_grpo.config.fields import KEEP_BEST_RE
 
         if not KEEP_BEST_RE.match(overrides["keep_best"]):
             raise SpecError(f"--keep-best {overrides['keep_best']!r}: use METRIC, METRIC:max or METRIC:min", key="keep_best")

@@ -16,7 +16,8 @@ from hpc_grpo.launch import render
 from hpc_grpo.runstate import runs, trained
 from hpc_grpo.runstate import metrics as engine_metrics
 from hpc_grpo.config.resolve import load_frozen, load_raw
-from hpc_grpo.config.spec import Cluster, RunSpec
+from hpc_grpo.config.cluster import Cluster
+from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.common.yamlio import SpecError
 
 

@@ -357,7 +357,7 @@ def profiles_that_can(spec: RunSpec) -> list[str]:
     from hpc_grpo.config.layout import layout_of
     from hpc_grpo.planning.resources import check_resources
     from hpc_grpo.config.resolve import load_raw
-    from hpc_grpo.config.spec import Cluster
+    from hpc_grpo.config.cluster import Cluster
     from hpc_grpo.common.yamlio import SpecError
 
     names = []
