@@ -46,11 +46,9 @@ def normalize_state(state: str) -> str:
     return words[0].rstrip("+").upper() if words else "UNKNOWN"
 
 
-
 def is_live(state: str) -> bool:
     """True while the job holds or will hold an allocation again (pending, running, requeued, suspended...)."""
     return normalize_state(state) in LIVE_STATES
-
 
 
 def resumable_cause(state: str) -> str | None:
