@@ -162,7 +162,14 @@ def print_plan(plan: Any) -> None:
             out.print(f"  ~{sched.step_s:.0f} s per step (rough, calibrated on field report 004): ~{sched.steps_in_time_limit} "
                       f"steps fit in resources.time {r.resources.time}")
     out.print(f"Engine schema: {plan.schema_checked}")
+    print_code_isolation(plan)
     print_findings(plan.findings)
+
+
+def print_code_isolation(plan: Any) -> None:
+    """The code sandbox's isolation on the compute nodes, for a run that executes model-written code."""
+    if plan.code_isolation:
+        out.print(f"Code sandbox: {plan.code_isolation}", markup=False, highlight=False)
 
 
 def plan_json(plan: Any) -> dict[str, Any]:
@@ -179,6 +186,7 @@ def plan_json(plan: Any) -> dict[str, Any]:
             "peak_phase": plan.memory.peak_phase},
         "schedule": None if plan.schedule is None else plan.schedule.as_dict(),
         "schema": plan.schema_checked,
+        "code_isolation": plan.code_isolation,
         "findings": [f.as_dict() for f in plan.findings],
     }
 
@@ -290,6 +298,7 @@ def submit(
         err.print("Nothing submitted: fix the errors above.")
         raise typer.Exit(1)
     files = render_all(spec)
+    print_code_isolation(result)
     if dry_run:
         print_findings(result.findings)
         out.print(f"Would create {spec.run_dir} with:")
@@ -890,10 +899,22 @@ def eval_code(
     if any(x < 1 or x > n for x in ks):
         raise SpecError(f"--k {ks}: each k must be between 1 and --n={n}")
     opts = {"limit": limit, "n": n, "ks": ks, "max_new_tokens": max_new_tokens, "temperature": temperature}
+    from hpc_grpo.job import isolation
+
+    run_dir = None
+    setting = "auto"  # --model; a run: its own grpo.code.isolation
     if run is not None:
         from hpc_grpo.commands.status import locate_run
+        from hpc_grpo.config.resolve import load_frozen
 
-        report = evaluate_run(locate_run(run), **opts)
+        run_dir = locate_run(run)
+        setting = load_frozen(Path(run_dir) / "spec.yaml").recipe.grpo.code.isolation
+    try:  # before any model is loaded: the samples could not be scored here
+        isolation.require(setting)
+    except isolation.IsolationRefused as exc:
+        raise SpecError(str(exc), key=isolation.KEY) from None
+    if run_dir is not None:
+        report = evaluate_run(run_dir, **opts)
     else:
         report = {"task": "humaneval", "models": [evaluate_humaneval(model, **opts)]}
     if json_out:

@@ -130,6 +130,7 @@ class EvalSettings:
     gpus: int = 0
     gpu_memory_utilization: float = 0.85
     dp: int = 1
+    code_isolation: str = "auto"  # grpo.code.isolation: humaneval runs model code in the reward's sandbox
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -143,6 +144,7 @@ class EvalSettings:
         data = {**self.as_dict(), "model": str(Path(model_path).resolve()) if Path(model_path).exists()
                 else model_path, "data": [_file_id(self.train_file), _file_id(self.test_file)]}
         data.pop("gpu_memory_utilization")
+        data.pop("code_isolation")  # where the code ran, not what was scored
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -198,7 +200,8 @@ def settings_for(spec: RunSpec, tasks: list[str] | None = None, limit: int | Non
     train, test = data_files(spec) if needs_gsm8k(tasks or e.tasks) else ("", "")
     p = eval_resources(spec)
     return EvalSettings(tuple(tasks or e.tasks), limit if limit is not None else e.limit, e.num_fewshot, p.backend,
-                        e.batch_size, e.max_gen_toks, train, test, p.tp, p.gpus, e.gpu_memory_utilization, p.dp)
+                        e.batch_size, e.max_gen_toks, train, test, p.tp, p.gpus, e.gpu_memory_utilization, p.dp,
+                        spec.recipe.grpo.code.isolation)
 
 
 def check_tasks(tasks: list[str]) -> list[str]:

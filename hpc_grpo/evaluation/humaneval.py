@@ -127,6 +127,7 @@ def evaluate_run(run_dir: str | Path, **kwargs: Any) -> dict[str, Any]:
     ckpt = json.loads(done_file.read_text())["last_checkpoint"]
     base = spec.recipe.model.path
     policy = {"adapter": ckpt} if (Path(ckpt) / "adapter_config.json").is_file() else {"model_path": ckpt}
+    kwargs.setdefault("weights", RewardWeights(per_test_timeout=3.0, isolation=spec.recipe.grpo.code.isolation))
     return {"run": str(run_dir), "task": "humaneval", "models": [
         evaluate_humaneval(base, label="base", **kwargs),
         evaluate_humaneval(**{"model_path": base, **policy}, label="policy", **kwargs),
@@ -134,10 +135,11 @@ def evaluate_run(run_dir: str | Path, **kwargs: Any) -> dict[str, Any]:
 
 
 def task_scores(model_dir: str, limit: int | None = None, n: int = 1, ks: Sequence[int] = (1,),
-                max_new_tokens: int = 512, adapter: str | None = None) -> dict[str, Any]:
+                max_new_tokens: int = 512, adapter: str | None = None, isolation: str = "auto") -> dict[str, Any]:
     """The shape `hpc-grpo eval` (hpc_grpo/evaluation/evaluate.py) keeps per task: {"humaneval": {"pass@1": ..., "n": problems}}.
-    Its metric names for W&B and prune: humaneval/pass@k."""
-    r = evaluate_humaneval(model_dir, adapter=adapter, limit=limit, n=n, ks=ks, max_new_tokens=max_new_tokens)
+    Its metric names for W&B and prune: humaneval/pass@k. isolation: the recipe's grpo.code.isolation."""
+    r = evaluate_humaneval(model_dir, adapter=adapter, limit=limit, n=n, ks=ks, max_new_tokens=max_new_tokens,
+                           weights=RewardWeights(per_test_timeout=3.0, isolation=isolation))
     scores = {f"pass@{k}": r[f"pass@{k}"] for k in ks if f"pass@{k}" in r}
     return {"humaneval": {**scores, "n": r["problems"], "samples_per_problem": r["samples_per_problem"],
                           "outcomes": r["outcomes"], "isolation": r["isolation"]}}

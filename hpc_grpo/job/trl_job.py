@@ -305,6 +305,14 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
     if dropped:
         log(f"dropped {dropped} metric line(s) after step {resume_step} from {METRICS_FILE} (they are trained again)")
 
+    if spec.recipe.grpo.reward == "code_exec":  # before any heavy import: a refusal costs a second
+        from hpc_grpo.job import isolation
+
+        try:
+            log(isolation.job_line(spec.recipe.grpo.code.isolation))
+        except isolation.IsolationRefused as exc:
+            raise JobError(str(exc)) from None
+
     os.environ.update(wandb_env(spec))  # before the trainer (and so W&B) starts
 
     import warnings

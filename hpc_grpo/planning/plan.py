@@ -32,6 +32,7 @@ class Plan:
     memory: object | None = None
     schedule: object | None = None
     schema_checked: str = "skipped"
+    code_isolation: str | None = None  # what the code sandbox gets on the compute nodes (code recipes only)
 
     @property
     def ok(self) -> bool:
@@ -85,6 +86,63 @@ def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
     return out
 
 
+def runs_policy_code(spec: RunSpec) -> bool:
+    """The run executes model-written code: the execution reward, or a HumanEval evaluation."""
+    e = spec.recipe.eval
+    return spec.recipe.grpo.reward == "code_exec" or (e.enabled and "humaneval" in e.tasks)
+
+
+def nodes_are_this_machine(spec: RunSpec) -> bool:
+    """The jobs run on this machine: cluster=local, or a Slurm this machine talks to whose nodes all have a
+    loopback or this host's address (slurm-dev). Then a probe here answers for the compute nodes."""
+    if spec.cluster.scheduler == "local":
+        return True
+    from hpc_grpo.cluster import slurm
+    from hpc_grpo.planning.preflight import _plan_talks_to_it
+
+    if not _plan_talks_to_it(spec):
+        return False
+    import ipaddress
+    import socket
+
+    try:
+        nodes = slurm.partition_nodes(spec.recipe.resources.partition or spec.cluster.partition)
+        addresses = list(slurm.node_addresses([n.name for n in nodes]).values())
+    except slurm.SlurmError:
+        return False
+
+    def local(address: str) -> bool:
+        try:
+            return ipaddress.ip_address(address).is_loopback
+        except ValueError:
+            return address in ("localhost", socket.gethostname())
+
+    return bool(addresses) and all(local(a) for a in addresses)
+
+
+def check_code_isolation(spec: RunSpec) -> tuple[str | None, list[Finding]]:
+    """What the code sandbox will have on the compute nodes (hpc_grpo/job/isolation.py) and whether the
+    reward will refuse there. Probed when the nodes are this machine (~20 ms, once per process); on a remote
+    cluster the job probes each node at its start and prints the result in its log."""
+    if not runs_policy_code(spec):
+        return None, []
+    from hpc_grpo.job import isolation
+
+    key, setting = isolation.KEY, spec.recipe.grpo.code.isolation
+    if setting == "limits-only":
+        return (f"{isolation.describe('limits-only')} ({key}=limits-only)",
+                [warning(key, "limits-only: the model's code runs with your rights on the compute nodes (your "
+                         "files, ~/.netrc, the network): only resource limits bound it",
+                         f"set {key}=auto where the nodes have user namespaces")])
+    if not nodes_are_this_machine(spec):
+        return ("root or unprivileged user namespaces: probed at job start on each node (the job log prints the "
+                f"result); the reward refuses to run where neither works, unless {key}=limits-only"), []
+    found = isolation.probe()
+    if found.mode == "limits-only":
+        return "none: no namespaces on this machine (probed)", [error(key, *isolation.refusal_parts(found))]
+    return f"{isolation.describe(found.mode)} (probed on this machine)", []
+
+
 # ----------------------------------------------------------------------------------------- plan
 def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Plan:
     """All checks; the engine's own schema last (it is the slowest and needs verl's YAMLs)."""
@@ -105,6 +163,8 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Pl
     ]
     for check in checks:
         plan.findings.extend(check())
+    plan.code_isolation, found = check_code_isolation(spec)
+    plan.findings.extend(found)
     from hpc_grpo.planning.preflight import run_preflight  # the runs root's room (check_disk's job) is checked there
 
     plan.findings = run_preflight(spec, shape, plan.findings, for_submit)

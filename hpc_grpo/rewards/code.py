@@ -1,7 +1,8 @@
 """Execution reward for code generation, one module for both engines.
 
 A completion is scored by running its code against the problem's tests in the sandbox
-(hpc_grpo/job/code_sandbox.py: its own process, namespaces, uid and limits, killed at the end):
+(hpc_grpo/job/code_sandbox.py: its own process, namespaces and limits, killed at the end; without namespaces
+on the node it refuses to run unless grpo.code.isolation=limits-only: hpc_grpo/job/isolation.py):
 
     score = pass_weight * passed/total + style_weight * style      (style counted only if a test passed)
     score = -syntax_penalty * (1 - 0.5 * parsed share)             (the code does not compile)
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from hpc_grpo.job import isolation
 from hpc_grpo.rewards.gsm8k import completion_text
 
 __all__ = [
@@ -66,6 +68,7 @@ class RewardWeights:
     per_test_timeout: float = 1.0
     memory_mb: int = 1024
     max_procs: int = 32
+    isolation: str = "auto"  # grpo.code.isolation: auto | limits-only (hpc_grpo/job/isolation.py)
 
 
 @dataclass
@@ -158,12 +161,14 @@ def _tests_for(gt: dict[str, Any]) -> list[Any]:
 
 def run_tests(code: str, gt: dict[str, Any], weights: RewardWeights = RewardWeights()) -> dict[str, Any]:
     """Run the sandbox once (a fresh process) and return its JSON report."""
+    isolation.require(weights.isolation)  # IsolationRefused: auto, and this node gives the sandbox no namespaces
     tests = _tests_for(gt)
     job = {"code": code, "tests": tests, "setup": gt.get("setup", ""), "per_test_timeout": weights.per_test_timeout,
-           "memory_mb": weights.memory_mb, "max_procs": weights.max_procs}
+           "memory_mb": weights.memory_mb, "max_procs": weights.max_procs, "isolation": weights.isolation}
     outer = weights.per_test_timeout * (len(tests) + 2) + 10.0
     proc = subprocess.Popen([sys.executable, "-I", "-S", str(SANDBOX)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd="/")
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd="/",
+                            env=isolation.sandbox_env())
     try:
         out, err = proc.communicate(json.dumps(job).encode(), timeout=outer)
     except subprocess.TimeoutExpired:

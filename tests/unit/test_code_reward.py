@@ -168,25 +168,29 @@ def test_compute_score_through_verls_loader(tmp_path: Path) -> None:
     assert compute_score("x", fenced("def add(a, b) return"), GT)["syntax_error"] == 1.0
 
 
-def test_fallback_without_namespaces() -> None:
-    """The non-root path (no namespaces, no uid switch): limits, per-test kill, process group killed."""
+def test_fallback_without_namespaces(tmp_path: Path) -> None:
+    """limits-only (grpo.code.isolation=limits-only: no namespaces, no uid switch): limits, per-test kill, and
+    every process the code started killed (the forked sleeper too)."""
     import subprocess
     import sys
 
     from hpc_grpo.rewards.code import SANDBOX
 
-    job = {"code": "import os, time\nif os.fork() == 0:\n    time.sleep(10**6)\ndef add(a, b):\n    return a + b\n",
+    pids = tmp_path / "pids"  # limits-only: the code can write there; every process it starts notes its pid
+    code = (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+            "    time.sleep(10**6)\ndef add(a, b):\n    return a + b\n")
+    job = {"code": code,
            "tests": ["assert add(1, 2) == 3", "while True: pass", "assert add(0, 0) == 0"],
-           "per_test_timeout": 0.5, "memory_mb": 512, "no_namespaces": True}
+           "per_test_timeout": 0.5, "memory_mb": 512, "isolation": "limits-only"}
     out = subprocess.run([sys.executable, "-I", "-S", str(SANDBOX)], input=json.dumps(job), capture_output=True,
                          text=True, timeout=30)
     report = json.loads(out.stdout)
-    assert report["isolation"] == "none" and report["status"] == "timeout"
+    assert report["isolation"] == "limits-only" and report["status"] == "timeout"
     assert (report["passed"], report["total"], report["timed_out_in"]) == (1, 3, 2)
     assert report["seconds"] < 3
-    time.sleep(0.2)
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert "code_sandbox.py" not in ps
+    started = [int(p) for p in pids.read_text().split()]  # other sessions' sandboxes run meanwhile: only ours count
+    assert len(started) == 1
+    assert not [p for p in started if Path(f"/proc/{p}").exists()], started
 
 
 def test_verl_codegen_recipe_renders_the_reward() -> None:

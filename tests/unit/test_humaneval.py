@@ -38,7 +38,7 @@ def test_reference_solutions_pass_and_broken_ones_fail() -> None:
              for p in problems[:4]]
     mixed = score_samples(problems[:4], wrong, ks=(1, 2))
     assert mixed["pass@1"] == pytest.approx(0.5) and mixed["pass@2"] == 1.0
-    assert mixed["isolation"] in ("namespaces+uid", "none")
+    assert mixed["isolation"] in ("namespaces+uid", "userns")
 
 
 def test_tiny_model_generates_and_is_scored(tmp_path: Path) -> None:
