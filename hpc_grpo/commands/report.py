@@ -14,6 +14,7 @@ from typing import Any
 from hpc_grpo.evaluation import evaluate
 from hpc_grpo.runstate import metrics as engine_metrics
 
+FIGURE = "report.png"  # RUN/report.png, where the figure goes unless --png says otherwise
 # Our curve name -> the name hpc_grpo.runstate.metrics reads it under (from either engine's keys).
 CURVES: dict[str, str] = {"reward": "reward", "kl": "kl", "response length": "response_length", "entropy": "entropy"}
 
@@ -62,6 +63,11 @@ def build(run_dir: Path) -> Report:
     for curve, name in CURVES.items():
         rep.steps[curve] = [(r["step"], float(r[name])) for r in got.rows if isinstance(r.get(name), (int, float))]
     return rep
+
+
+def figure_path(run_dir: Path, png: Path | None = None) -> Path:
+    """Where `report` writes its figure: --png, else RUN/report.png."""
+    return png or Path(run_dir) / FIGURE
 
 
 def draw(rep: Report, out: Path) -> Path:

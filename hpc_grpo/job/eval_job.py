@@ -59,7 +59,7 @@ def score_model(model_dir: str | Path, settings: EvalSettings, task_dir: Path) -
         result.update(lm_eval_version=raw["lm_eval_version"], lm_eval_cli=args.cli(task_dir))
     if "humaneval" in settings.tasks:
         from hpc_grpo.evaluation import humaneval
-        from hpc_grpo.job import isolation
+        from hpc_grpo.cluster import isolation
 
         try:
             log(isolation.job_line(settings.code_isolation))

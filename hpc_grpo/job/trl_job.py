@@ -32,6 +32,7 @@ from hpc_grpo.runstate.metrics import METRICS_FILE, parse_record
 from hpc_grpo.engines.trl import checkpoint_dir, grpo_config_kwargs, lora_config_kwargs
 from hpc_grpo.job import disk, prepare_resume, save_signal
 from hpc_grpo.runstate.prune import job_prune
+from hpc_grpo.runstate import save_request
 from hpc_grpo.config.spec import RunSpec
 
 DONE_FILE = runs.DONE_FILE
@@ -306,7 +307,7 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
         log(f"dropped {dropped} metric line(s) after step {resume_step} from {METRICS_FILE} (they are trained again)")
 
     if spec.recipe.grpo.reward == "code_exec":  # before any heavy import: a refusal costs a second
-        from hpc_grpo.job import isolation
+        from hpc_grpo.cluster import isolation
 
         try:
             log(isolation.job_line(spec.recipe.grpo.code.isolation))
@@ -466,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     except (JobError, SpecError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
-    return save_signal.STOPPED_FOR_REQUEUE if result.get("stopped_on_signal") else 0
+    return save_request.STOPPED_FOR_REQUEUE if result.get("stopped_on_signal") else 0
 
 
 if __name__ == "__main__":

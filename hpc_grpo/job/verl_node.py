@@ -271,7 +271,7 @@ def code_sandbox_line(spec_path: Path) -> str | None:
         return None
     if spec.recipe.grpo.reward != "code_exec":
         return None
-    from hpc_grpo.job import isolation
+    from hpc_grpo.cluster import isolation
 
     return isolation.job_line(spec.recipe.grpo.code.isolation)
 
@@ -289,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.chdir(o.run_dir)
     try:
         layout = node_layout(o.nodes, o.local_address)
-        from hpc_grpo.job.isolation import IsolationRefused
+        from hpc_grpo.cluster.isolation import IsolationRefused
 
         try:
             line = code_sandbox_line(o.spec)

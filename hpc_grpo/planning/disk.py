@@ -1,5 +1,5 @@
-"""Room for the checkpoints: one checkpoint's size, how many the retention policy keeps at once, and whether
-they fit in the runs root's free space (field report 004's run died at step 80 of 105 on a full disk)."""
+"""Room for the checkpoints: one checkpoint's size, how many the retention policy keeps at once, and whether they
+fit in the free space of the runs root (preflight's check, run at plan and at submit)."""
 
 from __future__ import annotations
 

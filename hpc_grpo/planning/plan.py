@@ -121,12 +121,12 @@ def nodes_are_this_machine(spec: RunSpec) -> bool:
 
 
 def check_code_isolation(spec: RunSpec) -> tuple[str | None, list[Finding]]:
-    """What the code sandbox will have on the compute nodes (hpc_grpo/job/isolation.py) and whether the
+    """What the code sandbox will have on the compute nodes (hpc_grpo.cluster.isolation.py) and whether the
     reward will refuse there. Probed when the nodes are this machine (~20 ms, once per process); on a remote
     cluster the job probes each node at its start and prints the result in its log."""
     if not runs_policy_code(spec):
         return None, []
-    from hpc_grpo.job import isolation
+    from hpc_grpo.cluster import isolation
 
     key, setting = isolation.KEY, spec.recipe.grpo.code.isolation
     if setting == "limits-only":

@@ -29,7 +29,7 @@ from pathlib import Path
 KEY = "grpo.code.isolation"
 SETTINGS = ("auto", "limits-only")
 MODES = ("namespaces+uid", "userns", "limits-only")
-SANDBOX = Path(__file__).resolve().parent / "code_sandbox.py"
+SANDBOX = Path(__file__).resolve().parents[1] / "job" / "code_sandbox.py"
 # What the sandbox's process may inherit: its own environment is readable by the code (/proc/1/environ,
 # /proc/self/environ: the kernel keeps the block it was started with), so it gets nothing else. The
 # scorer's variables (WANDB_API_KEY, HF_TOKEN, Slurm's, Ray's) never reach it.
