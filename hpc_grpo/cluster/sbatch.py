@@ -1,7 +1,7 @@
 """What a job asks Slurm for: its #SBATCH options, its srun options, its requeue mode and the dependency strings
-that chain jobs. Names and numbers in, plain values out: hpc_grpo.launch.render fills a Request from the spec and
-quotes the values into templates/sbatch.sh.j2, refusing a value an #SBATCH line cannot hold (a line break). Stdlib
-only.
+that chain jobs. `request` reads the spec (the recipe's resources, else the profile's); the rest takes names and
+numbers and returns plain values, which hpc_grpo.launch.render quotes into templates/sbatch.sh.j2, refusing a
+value an #SBATCH line cannot hold (a line break).
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from hpc_grpo.config.spec import RunSpec
 
 # Dependency kinds (sbatch --dependency=KIND:JOB). afterany: start once the job has ended, however it ended.
 # afternotok: start only if it did not end COMPLETED (TIMEOUT, PREEMPTED, NODE_FAIL, FAILED, CANCELLED...).
@@ -32,6 +34,16 @@ class Request:
     account: str | None
     qos: str | None
     signal_delay_s: int  # USR2 this long before the time limit
+
+
+def request(spec: RunSpec) -> Request:
+    """What the run's job asks Slurm for: the recipe's resources, else the cluster profile's."""
+    r, c = spec.recipe, spec.cluster
+    res = r.resources
+    return Request(job_name=spec.run_name, nodes=res.nodes, gpus_per_node=spec.gpus_per_node, gpu_type=c.gpu_type,
+                   gpu_request=c.gpu_request, cpus_per_task=res.cpus_per_task or c.cpus_per_node, mem_gb=res.mem_gb,
+                   time_min=res.time_min, partition=res.partition or c.partition, account=res.account or c.account,
+                   qos=res.qos or c.qos, signal_delay_s=c.signal_delay_s)
 
 
 def dependency(kind: str, job_id: str) -> str:

@@ -118,24 +118,13 @@ def recreate_command(spec: RunSpec) -> str:
     return " ".join(quote_word(p) for p in recreate_argv(spec))
 
 
-def slurm_request(spec: RunSpec) -> sbatch.Request:
-    """What the run's job asks Slurm for: the recipe's resources, else the cluster profile's."""
-    r, c = spec.recipe, spec.cluster
-    res = r.resources
-    return sbatch.Request(job_name=spec.run_name, nodes=res.nodes, gpus_per_node=spec.gpus_per_node,
-                          gpu_type=c.gpu_type, gpu_request=c.gpu_request,
-                          cpus_per_task=res.cpus_per_task or c.cpus_per_node, mem_gb=res.mem_gb,
-                          time_min=res.time_min, partition=res.partition or c.partition,
-                          account=res.account or c.account, qos=res.qos or c.qos, signal_delay_s=c.signal_delay_s)
-
-
 def sbatch_context(spec: RunSpec, command: str, extra: list[tuple[str, Any]] | None = None) -> dict[str, Any]:
     """Everything the sbatch header needs, as plain values (the template quotes each): hpc_grpo.cluster.sbatch's
     options. `extra`: more #SBATCH options (the evaluation job's afterany dependency, a chained follow-on's
     afternotok)."""
     c = spec.cluster
     folder = submitit_dir(spec)
-    options = sbatch.options(slurm_request(spec), folder, extra)
+    options = sbatch.options(sbatch.request(spec), folder, extra)
     for key, value in options:
         # sbatch reads these lines itself: it knows neither $'...' nor a value that goes on past the line.
         if _ESCAPE.search(str(value)):

@@ -60,3 +60,14 @@ def test_one_state_to_cause_map() -> None:
         assert states.resumable_cause(final) is None, final
     assert restart.chained_start("OUT_OF_MEMORY", 0, 3).requeue is False
     assert restart.chained_start("NODE_FAIL", 9, 0).requeue is True  # node failures never count
+
+
+def test_request_takes_the_recipe_first_then_the_profile(isolated: Path) -> None:
+    from hpc_grpo.config.resolve import resolve_spec
+
+    base = resolve_spec("tiny-gsm8k", "slurm-dev", [], run_name="t")
+    req = sbatch.request(base)
+    assert (req.cpus_per_task, req.partition, req.nodes) == (base.cluster.cpus_per_node, base.cluster.partition, 1)
+    asked = sbatch.request(resolve_spec("tiny-gsm8k", "slurm-dev", ["resources.partition=high",
+                                                                     "resources.cpus_per_task=2"], run_name="t"))
+    assert (asked.partition, asked.cpus_per_task, asked.job_name) == ("high", 2, "t")
