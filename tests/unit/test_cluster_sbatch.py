@@ -65,9 +65,10 @@ def test_one_state_to_cause_map() -> None:
 def test_request_takes_the_recipe_first_then_the_profile(isolated: Path) -> None:
     from hpc_grpo.config.resolve import resolve_spec
 
-    base = resolve_spec("tiny-gsm8k", "slurm-dev", [], run_name="t")
+    base = resolve_spec("tiny-gsm8k", "slurm-dev", ["resources.cpus_per_task=null"], run_name="t")
     req = sbatch.request(base)
+    assert base.recipe.resources.cpus_per_task is None and base.recipe.resources.partition is None
     assert (req.cpus_per_task, req.partition, req.nodes) == (base.cluster.cpus_per_node, base.cluster.partition, 1)
     asked = sbatch.request(resolve_spec("tiny-gsm8k", "slurm-dev", ["resources.partition=high",
-                                                                     "resources.cpus_per_task=2"], run_name="t"))
-    assert (asked.partition, asked.cpus_per_task, asked.job_name) == ("high", 2, "t")
+                                                                     "resources.cpus_per_task=3"], run_name="t"))
+    assert (asked.partition, asked.cpus_per_task, asked.job_name) == ("high", 3, "t")
