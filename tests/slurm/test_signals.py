@@ -29,6 +29,7 @@ from tests.conftest import require_gsm8k
 
 from hpc_grpo.runstate import restart, runs
 from hpc_grpo.cluster import slurm
+from hpc_grpo.cluster.slurm_output import JobInfo
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -134,7 +135,7 @@ def metric_rows(run_dir: Path) -> list[dict]:
     return rows
 
 
-def wait_final(job_id: str, deadline_s: float) -> slurm.JobInfo:
+def wait_final(job_id: str, deadline_s: float) -> JobInfo:
     end = time.monotonic() + deadline_s
     while True:
         info = slurm.job_states([job_id]).get(job_id)
