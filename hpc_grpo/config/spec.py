@@ -52,7 +52,21 @@ class DataCfg(Strict):
     _expand = field_validator("train_files", "val_files")(classmethod(lambda cls, v: expand_path(v)))
 
 
-class Resources(Strict):
+class _TimeLimited(Strict):
+    """A Slurm time limit in `time` (D-HH:MM:SS, HH:MM:SS, MM:SS or minutes), checked on load."""
+
+    @field_validator("time", mode="before", check_fields=False)
+    @classmethod
+    def _time(cls, v: Any) -> str:
+        parse_time_minutes(v)
+        return str(v)
+
+    @property
+    def time_min(self) -> int:
+        return parse_time_minutes(self.time)  # type: ignore[attr-defined]
+
+
+class Resources(_TimeLimited):
     """What to ask Slurm for. gpus_per_node defaults to the cluster's."""
 
     _words = field_validator("partition", "account", "qos")(
@@ -73,16 +87,6 @@ class Resources(Strict):
     # How often a time limit may requeue the run (preemptions and node failures requeue without limit): a run
     # that keeps hitting its limit is stopped instead of queueing forever.
     max_timeout_requeues: int = Field(default=3, ge=0, le=1000)
-
-    @field_validator("time", mode="before")
-    @classmethod
-    def _time(cls, v: Any) -> str:
-        parse_time_minutes(v)
-        return str(v)
-
-    @property
-    def time_min(self) -> int:
-        return parse_time_minutes(self.time)
 
 
 class Parallel(Strict):
@@ -228,7 +232,7 @@ class Logging(Strict):
     experiment: str | None = None
 
 
-class EvalResources(Strict):
+class EvalResources(_TimeLimited):
     """What the evaluation job asks Slurm for: its own shape (one GPU node for vLLM), not the training job's."""
 
     _words = field_validator("partition", "account", "qos")(classmethod(lambda cls, v: slurm_word(v)))
@@ -242,16 +246,6 @@ class EvalResources(Strict):
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-
-    @field_validator("time", mode="before")
-    @classmethod
-    def _time(cls, v: Any) -> str:
-        parse_time_minutes(v)
-        return str(v)
-
-    @property
-    def time_min(self) -> int:
-        return parse_time_minutes(self.time)
 
 
 EVAL_TASKS = ("gsm8k", "gsm8k_cot", "humaneval")
