@@ -229,8 +229,8 @@ def rates(res: dict[str, Any], cpus: int) -> dict[str, dict[str, float]]:
 
 
 def step_estimate(args: argparse.Namespace) -> dict[str, float]:
+    from hpc_grpo.config.models import resolve_shape
     from hpc_grpo.config.resolve import resolve_spec
-    from hpc_grpo.planning.models import resolve_shape
 
     spec = resolve_spec(args.recipe, args.cluster)
     r = spec.recipe

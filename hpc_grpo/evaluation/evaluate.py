@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.cluster import sbatch
 from hpc_grpo.config.spec import Resources, RunSpec
 from hpc_grpo.common.yamlio import SpecError
 
@@ -373,7 +374,7 @@ def dependency(after: str) -> str:
     checkpoint and then failed (field report 004: W&B's teardown) is trained, and afterok would never start the
     evaluation (its dependency can never be satisfied). Slurm keeps one job id across requeues and resolves the
     dependency at that job's final end; the eval job then decides itself (--if-trained, hpc_grpo.runstate.trained)."""
-    return f"afterany:{after}"
+    return sbatch.dependency(sbatch.AFTER_ANY, after)
 
 
 # ------------------------------------------------------------------------------------------- data

@@ -35,9 +35,19 @@ costs one per-test timeout, not one per test); a whole-job wall deadline.
 Stdlib only, run with -I -S (no site-packages, ~15 ms start-up): it must not import hpc_grpo or any
 library that the code under test could tamper with. Output: one JSON object on stdout.
 `python -I -S code_sandbox.py --probe` prints {"isolation": mode, "why": ...}: what "auto" gets on this node.
-Known limit: the code shares its interpreter with the harness that reports pass/fail, so code that
-searches its own process memory for the report nonce could forge a pass; the nonce stops accidents
-(printing, os._exit(0), writing to random fds), not a deliberate in-process attack.
+
+The protocol (the scorer's side: hpc_grpo/rewards/code_tests.py): the job holds no expected answer. A split test
+is a call (`add(1, 2)`): its result goes back as plain data (exact builtin types; an int subclass, an
+object with a clever __eq__ or anything else is refused here, see _encode), and the scorer compares it
+with the answer. A stdin test sends stdin only; the printed text goes back. So code that tampers with
+this harness in its own interpreter (no-op exec, wrapped os.write, frames walked to the reporting
+function, forged report lines) can change what is reported, not what a report is compared with: it
+scores no more than code that honestly returns the same outputs. The supervisor still checks the report's
+shape (the nonce, each test once, indices in range, bounded sizes: see _Reports).
+Weak mode: a test that cannot be split (arbitrary statements) runs as a snippet in the code's own
+interpreter and reports `ok` when it raised nothing. Code that searches its own process for the report
+nonce and the pipe can forge that `ok`, so such tests are counted per problem ("weak") in the reward's
+report.
 """
 
 from __future__ import annotations
@@ -77,6 +87,10 @@ SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives")
 DEVICES = ("null", "zero", "urandom")
 SCRATCH = (("/tmp", "64m"), ("/var/tmp", "8m"), ("/dev/shm", "8m"))
+MAX_DEPTH = 100  # nesting of a returned value
+VALUE_CAP = 1 << 20  # bytes of one encoded value (a call's result or a program's stdout)
+REPORT_CAP = 8 << 20  # bytes of a report, at least; (tests + 1) x (VALUE_CAP + 4 KiB) when more: past it the code
+# is killed and the tests not yet reported fail (no honest harness writes more: only a flood does)
 
 
 def _libc() -> ctypes.CDLL:
@@ -408,18 +422,26 @@ def _child(job: dict, report_fd: int, nonce: str, uid: int | None, workdir: str)
     except BaseException as exc:  # never run the code with half the limits on
         os.write(report_fd, f"{nonce} fatal {type(exc).__name__}\n".encode())
         os._exit(3)
-    _run_tests(job, report_fd, nonce)
-    os._exit(0)
+    try:
+        _run_tests(job, report_fd, nonce)
+    finally:  # the code may have closed or replaced the report pipe: never fall back into the supervisor's code
+        os._exit(0)
 
 
 def _run_tests(job: dict, report_fd: int, nonce: str) -> None:
-    """Phase 0 defines the program; then each test; one report line per phase (start, then result)."""
+    """Phase 0 defines the program; then each test, one after the other. One report line per phase, its outcome
+    (the next phase starts at once: the supervisor's clock for it starts with that line): `ok 0` or `error 0 Name`,
+    then `value i JSON` (a call's result or a program's stdout, see _encode), `ok i` (a weak test raised nothing),
+    `raised i Name`, `unencodable i Type`, `toolarge i`. Nothing here decides pass or fail."""
     import io
 
     code, tests = job["code"], job["tests"]
+    # Bound before the code runs: code that rebinds builtins.exec, os.write or json.dumps changes nothing here.
+    # (It can still reach these frames; the protocol, not this, is what keeps a forged report from scoring.)
+    _exec, _eval, _compile, _write, _dumps = exec, eval, compile, os.write, json.dumps
 
     def report(words: str) -> None:
-        os.write(report_fd, f"{nonce} {words}\n".encode())
+        _write(report_fd, f"{nonce} {words}\n".encode())
 
     def run(source: str, stdin: str | None, glb: dict) -> str | None:
         saved = sys.stdin, sys.stdout
@@ -427,34 +449,105 @@ def _run_tests(job: dict, report_fd: int, nonce: str) -> None:
         if stdin is not None:
             sys.stdin, sys.stdout = io.StringIO(stdin), out
         try:
-            exec(compile(source, "<completion>", "exec"), glb)  # noqa: S102 - the sandbox's whole purpose
+            _exec(_compile(source, "<completion>", "exec"), glb)  # the sandbox's whole purpose
+        except SystemExit as exc:  # a program may end with sys.exit(); elsewhere it is a failure
+            if stdin is None or exc.code not in (None, 0):
+                raise
         finally:
             sys.stdin, sys.stdout = saved
         return out.getvalue() if stdin is not None else None
 
-    io_tests = any(isinstance(t, dict) for t in tests)
+    io_tests = any(isinstance(t, dict) and "stdin" in t for t in tests)
     glb: dict = {"__name__": "__main__" if io_tests else "solution"}
-    report("start 0")
-    if not io_tests:  # function tests: define once, then each assert sees the definitions
+    if not io_tests:  # function tests: define once, then each test sees the definitions
         try:
             run(job.get("setup", "") + "\n" + code, None, glb)
+            if job.get("prelude"):
+                run(job["prelude"], None, glb)
         except BaseException as exc:  # noqa: BLE001 - any failure of the program is a score, not a crash
-            report(f"error 0 {type(exc).__name__}")
+            report(f"error 0 {_name(exc)}")
             return
     report("ok 0")
     for i, test in enumerate(tests, start=1):
-        report(f"start {i}")
+        test = test if isinstance(test, dict) else {"exec": test}
         try:
-            if isinstance(test, dict):
-                got = run(code, str(test.get("stdin", "")), {"__name__": "__main__"})
-                ok = (got or "").split() == str(test.get("stdout", "")).split()
+            if "call" in test:
+                value = _eval(_compile(test["call"], "<test>", "eval"), glb)
+            elif "stdin" in test:
+                value = run(code, str(test["stdin"]), {"__name__": "__main__"})
             else:
-                run(test, None, glb)
-                ok = True
+                run(test["exec"], None, glb)
+                report(f"ok {i}")
+                continue
         except BaseException as exc:  # noqa: BLE001 - AssertionError, SystemExit, MemoryError, ...
-            report(f"fail {i} {type(exc).__name__}")
+            report(f"raised {i} {_name(exc)}")
             continue
-        report(f"{'pass' if ok else 'fail'} {i}")
+        try:
+            payload = _encode(value, _dumps)
+        except _TooLarge:
+            report(f"toolarge {i}")
+            continue
+        except BaseException:  # noqa: BLE001 - not plain data, nested too deeply, a hostile __hash__, ...
+            report(f"unencodable {i} {_name(value)}")
+            continue
+        report(f"value {i} {payload}")
+
+
+def _name(obj: object) -> str:
+    """The type's name, as one word of a report line (a class may rename itself to anything)."""
+    try:
+        name = type(obj).__name__
+        return "".join(c for c in name[:60] if c.isalnum() or c in "_.") or "?"
+    except BaseException:  # noqa: BLE001
+        return "?"
+
+
+class _TooLarge(Exception):
+    """An encoded value over VALUE_CAP bytes."""
+
+
+def _tagged(x: object, depth: int, size: list[int]) -> object:
+    """x as JSON-ready data, exact builtin types only (type(x) is int: a bool is a bool, an int subclass or
+    any other object is refused with TypeError). Tags: {"t": tuple, "s": set, "f": frozenset, "d": dict as
+    [[k, v], ...], "b": bytes hex, "c": complex [re, im], "i": a huge int in hex}; lists, str, int, float, bool
+    and None are themselves."""
+    if depth > MAX_DEPTH:
+        raise ValueError("nested too deeply")
+    size[0] -= 1
+    if size[0] < 0:
+        raise _TooLarge()
+    t = type(x)
+    if t is int and x.bit_length() > 4096:  # past Python's int<->decimal limit: hex has none
+        return {"i": hex(x)}
+    if x is None or t is bool or t is int or t is float:
+        return x
+    if t is str:
+        if len(x) > VALUE_CAP:
+            raise _TooLarge()
+        return x
+    if t is list:
+        return [_tagged(v, depth + 1, size) for v in x]
+    if t is tuple:
+        return {"t": [_tagged(v, depth + 1, size) for v in x]}
+    if t is set or t is frozenset:
+        return {"s" if t is set else "f": [_tagged(v, depth + 1, size) for v in x]}
+    if t is dict:
+        return {"d": [[_tagged(k, depth + 1, size), _tagged(v, depth + 1, size)] for k, v in x.items()]}
+    if t is bytes:
+        if len(x) > VALUE_CAP // 2:
+            raise _TooLarge()
+        return {"b": x.hex()}
+    if t is complex:
+        return {"c": [x.real, x.imag]}
+    raise TypeError(t.__name__)
+
+
+def _encode(value: object, dumps=json.dumps) -> str:  # noqa: ANN001
+    """One returned value -> one line of JSON (ASCII, no newline), at most VALUE_CAP bytes."""
+    text = dumps(_tagged(value, 0, [VALUE_CAP]), separators=(",", ":"))
+    if len(text) > VALUE_CAP:
+        raise _TooLarge()
+    return text
 
 
 def _kill(pid: int, mode: str) -> None:
@@ -560,7 +653,7 @@ def supervise(job: dict) -> dict:
     libc = _libc()
     mode, uid, workdir, why = _prepare(job, libc, t0 + wall)
     if why:
-        return {"status": "sandbox_error", "passed": 0, "total": len(tests), "isolation": "failed",
+        return {"status": "sandbox_error", "total": len(tests), "outcomes": [None] * len(tests), "isolation": "failed",
                 "error": f"{mode}: {why}", "seconds": round(time.monotonic() - t0, 4)}
     isolation = mode
     read_fd, write_fd = os.pipe()
@@ -580,41 +673,10 @@ def supervise(job: dict) -> dict:
         _kill(pid, mode)
         os.waitpid(pid, 0)
         os.close(read_fd)
-        return {"status": "sandbox_error", "passed": 0, "total": len(tests), "isolation": "failed",
+        return {"status": "sandbox_error", "total": len(tests), "outcomes": [None] * len(tests), "isolation": "failed",
                 "error": f"{mode}: {why}", "seconds": round(time.monotonic() - t0, 4)}
-    results: dict[int, str] = {}
-    status, error = "ok", ""
-    buf = b""
-    current, started = 0, time.monotonic()
-    done = False
-    while not done:
-        now = time.monotonic()
-        deadline = min(started + per_test, t0 + wall)
-        if now >= deadline:
-            status = "timeout"
-            break
-        ready, _, _ = select.select([read_fd], [], [], deadline - now)
-        if not ready:
-            continue
-        chunk = os.read(read_fd, 65536)
-        if not chunk:
-            break  # the code exited (or died): whatever it reported stands
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            words = line.decode("utf-8", "replace").split()
-            if len(words) < 3 or words[0] != nonce or not words[2].isdigit():
-                continue  # not from the harness
-            kind, idx = words[1], int(words[2])
-            if kind == "start":
-                current, started = idx, time.monotonic()
-            elif kind in ("pass", "fail", "ok", "error"):
-                results[idx] = kind
-                if kind == "error":
-                    error = " ".join(words[3:])
-                    done = True
-            if idx == len(tests) and kind in ("pass", "fail"):
-                done = True
+    reports = _Reports(nonce, len(tests))
+    status = _collect(read_fd, reports, per_test, t0 + wall)
     _kill(pid, mode)
     try:
         _, wstatus = os.waitpid(pid, 0)
@@ -626,20 +688,116 @@ def supervise(job: dict) -> dict:
 
         _sweep()
         shutil.rmtree(workdir, ignore_errors=True)
-    if results.get(0) == "error":
-        status = "program_error"
-    elif status == "ok" and len(results) < len(tests) + 1:
-        status = "crashed"
-        if os.WIFSIGNALED(wstatus):
-            error = f"signal {os.WTERMSIG(wstatus)}"
-    passed = sum(1 for i in range(1, len(tests) + 1) if results.get(i) == "pass")
-    out = {"status": status, "passed": passed, "total": len(tests), "seconds": round(time.monotonic() - t0, 4),
-           "isolation": isolation}
-    if status == "timeout":
-        out["timed_out_in"] = current
-    if error:
-        out["error"] = error
-    return out
+    return reports.summary(status, wstatus, t0, isolation)
+
+
+class _Reports:
+    """The child's report lines -> one outcome per test. The child runs the completion, so every line may be
+    forged: only lines with the nonce count, a test reported twice fails, indices outside 1..n, malformed or
+    oversize lines are dropped (and counted), and the whole report is bounded (self.cap). A forged line can
+    still carry an output, but not decide a pass: the scorer compares outputs with answers the child never had."""
+
+    def __init__(self, nonce: str, n: int) -> None:
+        self.prefix = nonce.encode() + b" "
+        self.n = n
+        self.outcomes: list[list[str] | None] = [None] * (n + 1)  # index 0: the program phase (define)
+        self.current = 0  # the phase running (0: the program's definition), and since when
+        self.started = time.monotonic()
+        self.anomalies = 0
+        self.read = 0
+        self.cap = max(REPORT_CAP, (n + 1) * (VALUE_CAP + 4096))
+        self.buf = b""
+        self.skipping = False  # inside an oversize line: drop until its newline
+        self.error = ""
+
+    def done(self) -> bool:
+        return self.outcomes[self.n] is not None or (self.outcomes[0] or [""])[0] == "error"
+
+    def feed(self, chunk: bytes) -> None:
+        self.read += len(chunk)
+        lines = (self.buf + chunk).split(b"\n")
+        self.buf = lines.pop()
+        for line in lines:
+            if self.skipping:
+                self.skipping = False
+                continue
+            self._line(line)
+        if len(self.buf) > VALUE_CAP + 256:  # no honest line is this long (_encode caps a value)
+            self.buf, self.skipping = b"", True
+            self.anomalies += 1
+
+    def _line(self, line: bytes) -> None:
+        if not line.startswith(self.prefix):
+            self.anomalies += 1
+            return
+        parts = line[len(self.prefix):].split(b" ", 2)
+        if len(parts) < 2 or not parts[1].isdigit() or len(parts[1]) > 9:
+            self.anomalies += 1
+            return
+        kind, idx, rest = parts[0].decode("ascii", "replace"), int(parts[1]), parts[2] if len(parts) > 2 else b""
+        phase0 = kind in ("ok", "error") and idx == 0
+        if not (phase0 or (kind in ("value", "ok", "raised", "unencodable", "toolarge") and 1 <= idx <= self.n)):
+            self.anomalies += 1
+            return
+        try:
+            detail = rest.decode("utf-8")
+        except UnicodeDecodeError:
+            self.anomalies += 1
+            return
+        if self.outcomes[idx] is not None:  # the harness reports each phase once: a second report is forged
+            self.outcomes[idx] = ["error", "reported twice"] if idx == 0 else ["invalid", "reported twice"]
+            self.anomalies += 1
+            return
+        if kind == "value":
+            self.outcomes[idx] = ["value", detail]
+        else:
+            self.outcomes[idx] = [kind, detail[:80]] if detail else [kind]
+        if idx + 1 > self.current:  # the next phase runs from now (forward only: a forged line gains at most n resets)
+            self.current, self.started = idx + 1, time.monotonic()
+        if idx == 0 and kind == "error":
+            self.error = detail[:80]
+
+    def summary(self, status: str, wstatus: int, t0: float, isolation: str) -> dict:
+        phase0 = self.outcomes[0] or []
+        error = self.error
+        if phase0[:1] == ["error"]:
+            status = "program_error"
+            error = phase0[1] if len(phase0) > 1 else "error"
+        elif status == "ok" and any(o is None for o in self.outcomes):
+            status = "crashed"
+            if os.WIFSIGNALED(wstatus):
+                error = f"signal {os.WTERMSIG(wstatus)}"
+        out = {"status": status, "total": self.n, "outcomes": self.outcomes[1:],
+               "seconds": round(time.monotonic() - t0, 4), "isolation": isolation}
+        if status == "timeout":
+            out["timed_out_in"] = self.current
+        if self.anomalies:
+            out["anomalies"] = self.anomalies
+        if status == "report_too_large":
+            error = f"the report passed {self.cap} bytes"
+        if error:
+            out["error"] = error
+        return out
+
+
+def _collect(read_fd: int, reports: _Reports, per_test: float, wall_end: float) -> str:
+    """Read the child's reports until the last test or the program phase ends, the child exits, a test
+    overruns per_test (measured here, outside the code), the wall deadline passes, or the report overflows."""
+    while not reports.done():
+        deadline = min(reports.started + per_test, wall_end)
+        now = time.monotonic()
+        if now >= deadline:
+            return "timeout"
+        ready, _, _ = select.select([read_fd], [], [], deadline - now)
+        if not ready:
+            continue
+        chunk = os.read(read_fd, 1 << 16)
+        if not chunk:
+            return "ok"  # the code exited (or died): whatever it reported stands
+        reports.feed(chunk)
+        if reports.read > reports.cap:
+            return "report_too_large"
+    return "ok"
 
 
 def probe() -> dict:

@@ -20,6 +20,7 @@ from typing import Any
 
 import submitit
 
+from hpc_grpo.cluster import job_env, sbatch
 from hpc_grpo.evaluation import evaluate
 from hpc_grpo.launch import chain, render
 from hpc_grpo.runstate import restart, runs, save_request
@@ -69,7 +70,7 @@ class TrainJob:
         spec = load_frozen(run_dir / runs.SPEC)
         env = submitit.JobEnvironment()
         chained = spec.cluster.scheduler == "slurm" and spec.cluster.restart == "chain"
-        self._attempt = f"{env.job_id}.{os.environ.get('SLURM_RESTART_COUNT', '0')}.{os.getpid()}"
+        self._attempt = f"{env.job_id}.{job_env.restart_count()}.{os.getpid()}"
         if chained:
             # Not submitit's checkpoint-and-requeue: ask for the save and let Slurm end the job (TIMEOUT,
             # PREEMPTED), which starts the follow-on queued below.
@@ -320,8 +321,7 @@ def submit_follow_on(spec: RunSpec, after: str) -> str:
     inherit its allocation's), but also SLURM_CONF, which the clients need to find a non-system cluster.
     `--kill-on-invalid-dep` removes the follow-on when `after` completes, so it never waits forever.
     """
-    executor = TemplateSlurmExecutor(spec, extra_sbatch=[("dependency", f"afternotok:{after}"),
-                                                         ("kill-on-invalid-dep", "yes")])
+    executor = TemplateSlurmExecutor(spec, extra_sbatch=sbatch.follow_on(after))
     executor.update_parameters(**slurm_parameters(spec))
     conf = os.environ.get("SLURM_CONF")
     with submitit.helpers.clean_env():
