@@ -366,7 +366,8 @@ def _tasks_of(uid: int) -> int:
 def _nproc_limit(job: dict, mode: str) -> int | None:
     """RLIMIT_NPROC for the code; None where it is not applied (root's own processes ignore it).
 
-    The rule: the code may always start max_procs processes, and a fork bomb stops at max_procs more than
+    The rule: the code may always run max_procs tasks at once (its first process included), and a fork bomb
+    stops at max_procs more than
     the sandbox had, however many processes the user already runs. The kernel counts a real uid's tasks
     (threads too) against the limit; since Linux 5.14 it counts per user namespace, so in userns mode the
     count holds only the sandbox's own tasks and the limit is max_procs (the enclosing namespace is checked
@@ -381,7 +382,7 @@ def _nproc_limit(job: dict, mode: str) -> int | None:
         return None
     release = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2] if x.isdigit())
     if mode == "userns" and release >= (5, 14):
-        return max_procs
+        return max_procs + 1  # this runner made the namespace and is counted in it: the code still gets max_procs
     return _tasks_of(os.getuid()) + max_procs
 
 

@@ -195,13 +195,22 @@ while True:
         os.fork()
     except OSError:
         pass""", False),
-    # Not an attack: honest code that starts a few processes while the user already runs more than max_procs
-    # (the driver started them): RLIMIT_NPROC must bound the sandbox, not the user's whole count.
+    # Not an attack: honest code that holds max_procs tasks at once (itself and 31 children, each blocked on a
+    # pipe until all exist) while the user already runs more than max_procs (the driver started them):
+    # RLIMIT_NPROC must bound the sandbox at max_procs, not the user's whole count, and not lower. (An earlier
+    # version forked in a list comprehension: a tree of 2**5 processes, which failed only when all were alive.)
     "honest_forks": ("pass", """
 import os
-kids = [os.fork() for _ in range(5)]
-if 0 in kids:
-    os._exit(0)
+r, w = os.pipe()
+kids = []
+for _ in range(31):
+    pid = os.fork()
+    if pid == 0:
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    kids.append(pid)
+os.close(w)
 ok = all(os.waitpid(k, 0)[1] == 0 for k in kids)""", False),
 }
 
@@ -599,7 +608,8 @@ def test_plan_says_which_isolation(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_nproc_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RLIMIT_NPROC: max_procs where the kernel counts only the sandbox's tasks; else the user's count plus it."""
+    """RLIMIT_NPROC: max_procs (+1, the runner in the same namespace) where the kernel counts only the sandbox's
+    tasks; else the user's count plus it."""
     import importlib.util
 
     from hpc_grpo.rewards.code import SANDBOX
@@ -609,7 +619,7 @@ def test_nproc_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     loaded.loader.exec_module(cs)
     monkeypatch.setattr(cs, "_tasks_of", lambda uid: 500)
     job = {"max_procs": 32}
-    for release, uid, mode, want in (("6.1.0-13-amd64", 1001, "userns", 32), ("5.14.0", 1001, "userns", 32),
+    for release, uid, mode, want in (("6.1.0-13-amd64", 1001, "userns", 33), ("5.14.0", 1001, "userns", 33),
                                      ("5.10.0-28-amd64", 1001, "userns", 532), ("6.1.0", 1001, "limits-only", 532),
                                      ("6.1.0", 0, "limits-only", None), ("4.18.0", 0, "namespaces+uid", 32)):
         monkeypatch.setattr(cs.os, "uname", lambda r=release: os.uname_result(("Linux", "n", r, "#1", "x86_64")))
