@@ -23,6 +23,7 @@ import typer
 from hpc_grpo.config import registry
 from hpc_grpo.common.findings import Finding, Severity
 from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.runstate import layout
 
 app = typer.Typer(
     add_completion=False,
@@ -311,18 +312,17 @@ def submit(
 
 def print_would_queue(spec: Any, files: dict[str, str]) -> None:
     """What submit and resume --dry-run would hand to submitit: the job's script (shown) and the eval job after it."""
-    from hpc_grpo.evaluation.evaluate import EVAL_SCRIPT
-
+    eval_script = layout.EVAL_SBATCH_SCRIPT
     executor = "submitit SlurmExecutor" if spec.cluster.scheduler == "slurm" else "submitit LocalExecutor"
-    out.print(f"Would submit scripts/sbatch.sh through {executor}" if spec.cluster.scheduler == "slurm"
-              else f"Would run scripts/launch.sh through {executor}")
-    out.rule("scripts/sbatch.sh")
-    out.out(files["scripts/sbatch.sh"], end="")
-    if EVAL_SCRIPT in files:
-        out.print(f"Would queue {EVAL_SCRIPT} after it, adding #SBATCH --dependency=afterany:<its job id> "
+    out.print(f"Would submit {layout.SBATCH_SCRIPT} through {executor}" if spec.cluster.scheduler == "slurm"
+              else f"Would run {layout.LAUNCH_SCRIPT} through {executor}")
+    out.rule(layout.SBATCH_SCRIPT)
+    out.out(files[layout.SBATCH_SCRIPT], end="")
+    if eval_script in files:
+        out.print(f"Would queue {eval_script} after it, adding #SBATCH --dependency=afterany:<its job id> "
                   "(the eval job evaluates only if the run is trained)")
-        out.rule(EVAL_SCRIPT)
-        out.out(files[EVAL_SCRIPT], end="")
+        out.rule(eval_script)
+        out.out(files[eval_script], end="")
 
 
 def _print_from(path: Path, pos: int) -> int:
@@ -357,11 +357,11 @@ def wait_for(submission: Any) -> int:
     status = run_status(submission.run_dir)
     print_status(status)
     print_training_summary(submission.run_dir)
-    from hpc_grpo.evaluation.evaluate import load_results, result_path
+    from hpc_grpo.evaluation.evaluate import load_results
 
     results = load_results(submission.run_dir)
     for r in results:
-        r["path"] = str(result_path(submission.run_dir, r["step"]))
+        r["path"] = str(layout.eval_result(submission.run_dir, r["step"]))
     if results:
         print_eval_rows(results[-1:])
     # The run's own row for this job, not submitit's state: a local job that raised is "FINISHED" to submitit (and
@@ -372,9 +372,9 @@ def wait_for(submission: Any) -> int:
 
 
 def print_training_summary(run_dir: Path) -> None:
-    from hpc_grpo.runstate.metrics import METRICS_FILE, file_rows
+    from hpc_grpo.runstate.metrics import file_rows
 
-    rows = file_rows(run_dir / METRICS_FILE)  # trl's rows or verl's file-logger rows, in one vocabulary
+    rows = file_rows(layout.metrics_file(run_dir))  # trl's rows or verl's file-logger rows, in one vocabulary
     if not rows:
         return
     t = Table(title="Training reward per step")
@@ -524,7 +524,7 @@ def logs(
     from hpc_grpo.commands.status import locate_run
 
     run_dir = locate_run(run)
-    spec = load_frozen(run_dir / runs.SPEC)
+    spec = load_frozen(layout.spec_file(run_dir))
     job = job or newest_job(run_dir)
     if job is None:
         raise SpecError(f"run {run_dir.name} has no job yet", key="run")
@@ -577,13 +577,12 @@ def resume(
         err.print("Nothing submitted: fix the errors above.")
         raise typer.Exit(1)
     if dry_run:
-        from hpc_grpo.runstate import runs
         from hpc_grpo.launch.render import render_all
 
         print_findings(checked.findings)
         out.print(f"Overrides: {' '.join(plan.overrides) or 'none (the frozen spec as it is)'}")
         files = render_all(spec)
-        out.print(f"Would rewrite in {spec.run_dir}: {', '.join(files)}; and add a 'resume' line to {runs.HISTORY}")
+        out.print(f"Would rewrite in {spec.run_dir}: {', '.join(files)}; and add a 'resume' line to {layout.HISTORY_FILE}")
         print_would_queue(spec, files)
         return
     submission = submit_resume(plan)
@@ -662,13 +661,13 @@ def eval_cmd(
         outcome = evaluate.eval_model(str(model), folder, task_list, limit, train_file and str(train_file),
                                       test_file and str(test_file), num_fewshot, max_gen_toks)
         for r in outcome.results:
-            r["path"] = str(folder / "eval.json")
+            r["path"] = str(folder / evaluate.MODEL_RESULT)
     else:
         from hpc_grpo.commands.status import locate_run
 
         outcome = evaluate.eval_run(locate_run(run), list(step or []), all_kept, task_list, limit, here)
         for r in outcome.results:
-            r["path"] = str(evaluate.result_path(outcome.run_dir, r["step"]))
+            r["path"] = str(layout.eval_result(outcome.run_dir, r["step"]))
     if as_json:
         print_json({"ran_here": outcome.ran_here, "job_id": outcome.job_id, "after": outcome.after,
                     "results": [{k: v for k, v in r.items() if k != "scores"} | {"scores": {
@@ -678,7 +677,8 @@ def eval_cmd(
     if not outcome.ran_here:
         dep = f" ({evaluate.dependency(outcome.after)}, evaluates only if the run is trained)" if outcome.after else ""
         out.print(f"Eval job {outcome.job_id}{dep} queued; log: {outcome.log}")
-        out.print(f"Results will be in {outcome.run_dir}/eval/step_N.json; see them with: hpc-grpo report {outcome.run_dir}")
+        out.print(f"Results will be in {layout.eval_dir(outcome.run_dir)}, one file per step; see them with: "
+                  f"hpc-grpo report {outcome.run_dir}")
         return
     print_eval_rows(outcome.results)
 
@@ -752,14 +752,13 @@ def export_cmd(
     """Merge a checkpoint into a Hugging Face model folder, RUN/exports/step_N/ (verl FSDP: verl's merger), e.g. to
     start a new run from it at a world size the checkpoint cannot be resumed at."""
     from hpc_grpo.evaluation import export
-    from hpc_grpo.runstate import runs
     from hpc_grpo.job.eval_job import EvalError, base_model_path, choose
     from hpc_grpo.job.trl_job import JobError
     from hpc_grpo.config.resolve import load_frozen
     from hpc_grpo.commands.resume import new_run_command
     from hpc_grpo.commands.status import locate_run
 
-    spec = load_frozen(locate_run(run) / runs.SPEC)
+    spec = load_frozen(layout.spec_file(locate_run(run)))
     try:
         (ckpt,) = choose(spec, [] if step is None else [step], all_kept=False)
     except EvalError as exc:
@@ -778,7 +777,7 @@ def export_cmd(
 @app.command()
 def report(
     run: Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")] = None,
-    png: Annotated[Optional[Path], typer.Option("--png", help="where to write the figure (default: RUN/report.png)")] = None,
+    png: Annotated[Optional[Path], typer.Option("--png", help=f"where to write the figure (default: RUN/{layout.REPORT_FILE})")] = None,
 ) -> None:
     """Training curves (reward, KL, response length, entropy) and GSM8K accuracy per step: a PNG and a summary."""
     from hpc_grpo.commands import report as report_mod
@@ -788,7 +787,7 @@ def report(
     rep = report_mod.build(run_dir)
     for line in rep.summary():
         out.print(line)
-    path = report_mod.draw(rep, png or run_dir / "report.png")
+    path = report_mod.draw(rep, png or layout.report_file(run_dir))
     out.print(f"Figure: {path}")
 @app.command("prune-ckpts")
 def prune_ckpts(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.evaluation import evaluate
+from hpc_grpo.runstate import layout
 from hpc_grpo.runstate import metrics as engine_metrics
 
 # Our curve name -> the name hpc_grpo.runstate.metrics reads it under (from either engine's keys).
@@ -56,8 +57,7 @@ def score_keys(s: dict[str, Any]) -> list[tuple[str, str]]:
 def build(run_dir: Path) -> Report:
     """Curves from the run's metrics (hpc_grpo.runstate.metrics: metrics.jsonl, else verl's console lines in the
     driver logs of RUN/submitit) and the evaluation points."""
-    logs = sorted((run_dir / "submitit").glob("*_0_log.out")) if (run_dir / "submitit").is_dir() else []
-    got = engine_metrics.run_metrics(run_dir, logs)
+    got = engine_metrics.run_metrics(run_dir, layout.driver_logs(run_dir))
     rep = Report(run_dir.name, source=got.source, evals=evaluate.load_results(run_dir))
     for curve, name in CURVES.items():
         rep.steps[curve] = [(r["step"], float(r[name])) for r in got.rows if isinstance(r.get(name), (int, float))]

@@ -18,12 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.runstate import checkpoints as ck
-from hpc_grpo.runstate import runs
-from hpc_grpo.evaluation.export import export_dir
+from hpc_grpo.runstate import layout, runs
 from hpc_grpo.config.spec import RunSpec, canonical_key, redact, secret_error, secret_in
 from hpc_grpo.common.yamlio import SpecError, parse_scalar
 
-DONE_FILE = runs.DONE_FILE
 # What may change without --force: where and how long the run is allowed to run, not what it trains.
 FREE_PREFIXES = ("resources.",)
 FREE_KEYS = ("cluster.time_max", "cluster.signal_delay_s", "cluster.partition", "cluster.account", "cluster.qos")
@@ -53,12 +51,12 @@ class ResumePlan:
         """What the CLI prints before it submits (or instead, for a finished run without --force)."""
         lines = [f"Run {self.spec.run_name}: {self.spec.run_dir}"]
         if self.finished is not None and not force:
-            lines.append(f"Run {self.spec.run_name} finished (train_done.json: step {self.finished.get('final_step')}): "
+            lines.append(f"Run {self.spec.run_name} finished ({layout.DONE_FILE}: step {self.finished.get('final_step')}): "
                          "nothing to resume. Use --force to resubmit it anyway (e.g. with more training steps).")
             return lines
         lines.append(f"It {self.from_text()}.")
         for c in self.newer_incomplete:
-            lines.append(f"At job start, {c.path.name} moves to {self.spec.path / ck.QUARANTINE_DIR} ({c.reason}).")
+            lines.append(f"At job start, {c.path.name} moves to {layout.quarantine_dir(self.spec.path)} ({c.reason}).")
         if self.forced:
             lines.append(f"Forced overrides: {' '.join(self.forced)}")
         return lines
@@ -172,13 +170,13 @@ def check_world_size(spec: RunSpec, ckpt: ck.Checkpoint | None, before: RunSpec 
         return
     res = spec.recipe.resources
     run = shlex.quote(str(spec.path))
-    exported = export_dir(spec.path, ckpt.step)
+    exported = layout.export_dir(spec.path, ckpt.step)
     back = _shape_for(saved, *[s for s in (before, spec) if s is not None])
     raise WorldSizeMismatch(
         f"world size {new} (resources.nodes={res.nodes} x {spec.procs_key}={spec.procs_per_node}) is refused: "
         f"the newest complete checkpoint {ckpt.path} is a verl FSDP checkpoint saved at world size {saved} "
-        f"(actor/model_world_size_{saved}_rank_*.pt), and verl loads FSDP shards only at the world size that wrote "
-        f"them (it would look for model_world_size_{new}_rank_*.pt and fail at load, after the queue wait).\n"
+        f"({ck.ACTOR}/{ck.fsdp_shard('model', saved, '*')}), and verl loads FSDP shards only at the world size that "
+        f"wrote them (it would look for {ck.fsdp_shard('model', new, '*')} and fail at load, after the queue wait).\n"
         f"Fix, one of:\n"
         f"  (a) resume at world size {saved}: hpc-grpo resume {run} {back}\n"
         f"  (b) export step {ckpt.step} to a Hugging Face folder with verl's merger and start a new run from those "
@@ -191,14 +189,14 @@ def plan_resume(run_dir: Path, items: list[str], force: bool) -> ResumePlan:
     """Everything resume checks before it submits; raises SpecError (exit 2) or runs.RunBusy."""
     from hpc_grpo.config.resolve import load_frozen
 
-    frozen = load_frozen(run_dir / runs.SPEC)
+    frozen = load_frozen(layout.spec_file(run_dir))
     runs.refuse_if_live(run_dir)
     spec, forced = apply_overrides(frozen, items, force)
     ckpts = ck.list_checkpoints(run_dir, spec.recipe.engine)
     best = ck.newest_complete(ckpts)
     newer = [c for c in ckpts if not c.complete and c.step > (best.step if best else -1)]
     finished = None
-    done = run_dir / DONE_FILE
+    done = layout.done_file(run_dir)
     if done.is_file():
         try:
             finished = json.loads(done.read_text(encoding="utf-8"))

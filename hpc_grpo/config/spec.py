@@ -10,7 +10,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -48,9 +48,9 @@ def secret_error(path: str) -> SpecError:
     where = ("W&B also reads ~/.netrc, which `wandb login` writes" if name == "WANDB_API_KEY"
              else "huggingface_hub also reads the token `huggingface-cli login` stores")
     return SpecError(
-        f"{name} is a secret and cannot be a setting: settings are written into spec.yaml and the job scripts, "
-        f"where anyone who can read the run directory would read it (value not shown). Fix: remove it here and "
-        f"`export {name}=...` in the shell you submit from; the job inherits that environment ({where})",
+        f"{name} is a secret and cannot be a setting: settings are written into the run's frozen spec and the job "
+        f"scripts, where anyone who can read the run directory would read it (value not shown). Fix: remove it here "
+        f"and `export {name}=...` in the shell you submit from; the job inherits that environment ({where})",
         key=path,
     )
 
@@ -167,12 +167,30 @@ def parse_time_minutes(value: str | int) -> int:
     return -(-total_s // 60)
 
 
-class Resources(Strict):
-    """What to ask Slurm for. gpus_per_node defaults to the cluster's."""
+class SlurmRequest(Strict):
+    """The words both jobs' requests share: a time limit (kept as written, read as minutes) and the partition, account
+    and qos that go on #SBATCH lines. The fields are the subclasses' own, so their order in spec.yaml stays theirs."""
 
-    _words = field_validator("partition", "account", "qos")(
+    if TYPE_CHECKING:
+        time: str
+
+    _words = field_validator("partition", "account", "qos", check_fields=False)(
         classmethod(lambda cls, v: slurm_word(v))
     )
+
+    @field_validator("time", mode="before", check_fields=False)
+    @classmethod
+    def _time(cls, v: Any) -> str:
+        parse_time_minutes(v)
+        return str(v)
+
+    @property
+    def time_min(self) -> int:
+        return parse_time_minutes(self.time)
+
+
+class Resources(SlurmRequest):
+    """What to ask Slurm for. gpus_per_node defaults to the cluster's."""
 
     nodes: int = Field(default=1, gt=0)
     gpus_per_node: int | None = Field(default=None, ge=0)
@@ -188,16 +206,6 @@ class Resources(Strict):
     # How often a time limit may requeue the run (preemptions and node failures requeue without limit): a run
     # that keeps hitting its limit is stopped instead of queueing forever.
     max_timeout_requeues: int = Field(default=3, ge=0, le=1000)
-
-    @field_validator("time", mode="before")
-    @classmethod
-    def _time(cls, v: Any) -> str:
-        parse_time_minutes(v)
-        return str(v)
-
-    @property
-    def time_min(self) -> int:
-        return parse_time_minutes(self.time)
 
 
 class Parallel(Strict):
@@ -316,7 +324,8 @@ class Checkpoint(Strict):
     keep_best: str | None = Field(default=None, description="METRIC[:max|min]: also keep the best checkpoint")
     max_bytes: int | None = Field(default=None, description="cap on kept checkpoints + exports (e.g. 200G)")
     grace_s: int = Field(default=300, ge=0, description="never remove a checkpoint written this recently")
-    quarantine_days: float = Field(default=7.0, ge=0, description="delete checkpoints-incomplete/ entries after")
+    quarantine_days: float = Field(default=7.0, ge=0,
+                                   description="delete incomplete checkpoints set aside at a job start after")
     disk_gb: float | None = Field(default=None, gt=0, description="free space to require")
 
     @model_validator(mode="before")
@@ -361,10 +370,8 @@ class Logging(Strict):
     experiment: str | None = None
 
 
-class EvalResources(Strict):
+class EvalResources(SlurmRequest):
     """What the evaluation job asks Slurm for: its own shape (one GPU node for vLLM), not the training job's."""
-
-    _words = field_validator("partition", "account", "qos")(classmethod(lambda cls, v: slurm_word(v)))
 
     nodes: Literal[1] = 1
     gpus_per_node: int | None = Field(default=None, ge=0, description="None: the training job's GPUs per node "
@@ -375,16 +382,6 @@ class EvalResources(Strict):
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-
-    @field_validator("time", mode="before")
-    @classmethod
-    def _time(cls, v: Any) -> str:
-        parse_time_minutes(v)
-        return str(v)
-
-    @property
-    def time_min(self) -> int:
-        return parse_time_minutes(self.time)
 
 
 EVAL_TASKS = ("gsm8k", "gsm8k_cot", "humaneval")
@@ -609,6 +606,12 @@ class RunSpec(Strict):
     def gpus_per_node(self) -> int:
         r = self.recipe.resources.gpus_per_node
         return self.cluster.gpus_per_node if r is None else r
+
+    @property
+    def cpus_per_task(self) -> int:
+        """CPUs of each task (one per node): the recipe's, else every CPU of the cluster's node."""
+        r = self.recipe.resources.cpus_per_task
+        return self.cluster.cpus_per_node if r is None else r
 
     @property
     def verl_cpu(self) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +24,9 @@ from typing import Any
 
 from hpc_grpo.config.spec import Resources, RunSpec
 from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.runstate import layout
 
-EVAL_DIR = "eval"
-EVAL_SCRIPT = "scripts/eval_sbatch.sh"  # the eval job's batch script, beside the training job's scripts/sbatch.sh
-BASE_CACHE_DIR = "_base-evals"
+MODEL_RESULT = "eval.json"  # `hpc-grpo eval --model`: OUT/eval.json (a run's results: runstate.layout)
 SOURCE_FILE = "source.json"  # written by `hpc-grpo data gsm8k`: where the raw question/answer files are
 # Where users get GSM8K question/answer files: the product's own command, never a folder only its developers have.
 GSM8K_RAW_HINT = ("`hpc-grpo data gsm8k` writes them: from the Hub into ~/hpc-grpo-data/gsm8k/raw/{split}.jsonl, "
@@ -211,25 +209,14 @@ def check_tasks(tasks: list[str]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------- results
-def result_path(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / EVAL_DIR / f"step_{int(step)}.json"
-
-
-def base_cache_path(runs_root: Path, key: str) -> Path:
-    return Path(runs_root) / BASE_CACHE_DIR / f"{key}.json"
-
-
 def load_results(run_dir: Path) -> list[dict[str, Any]]:
     """Every RUN/eval/step_N.json, by step."""
-    folder = Path(run_dir) / EVAL_DIR
     found = []
-    for path in folder.glob("step_*.json"):
-        m = re.fullmatch(r"step_(\d+)\.json", path.name)
-        if m:
-            try:
-                found.append(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                continue
+    for _, path in layout.eval_results(run_dir):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
     return sorted(found, key=lambda r: r.get("step", 0))
 
 
@@ -331,29 +318,19 @@ def dependency(after: str) -> str:
 def submit_eval(spec: RunSpec, argv: list[str], after: str | None = None) -> Any:
     """Queue the eval job on Slurm (afterany `after` when given: the job checks the run is trained), from a clean
     environment. Returns the Submission."""
-    import submitit
-
-    from hpc_grpo.launch import render
     from hpc_grpo.runstate import runs
-    from hpc_grpo.launch.submit import Submission, TemplateSlurmExecutor, slurm_parameters
+    from hpc_grpo.launch.submit import Submission, TemplateSlurmExecutor, slurm_parameters, submit_detached
 
-    espec = eval_spec(spec)
-    conf = os.environ.get("SLURM_CONF")
-    with submitit.helpers.clean_env():
-        # clean_env drops every SLURM_* variable, SLURM_CONF too: without it sbatch would not find this cluster.
-        if conf:
-            os.environ["SLURM_CONF"] = conf
-        executor = TemplateSlurmExecutor(spec, extra_sbatch=[("dependency", dependency(after))] if after else None,
-                                         eval_job=True)
-        executor.update_parameters(**slurm_parameters(espec))
-        job = executor.submit(EvalJob(argv))
+    executor = TemplateSlurmExecutor(spec, extra_sbatch=[("dependency", dependency(after))] if after else None,
+                                     eval_job=True)
+    executor.update_parameters(**slurm_parameters(eval_spec(spec)))
+    job = submit_detached(executor, EvalJob(argv))
     if executor.last_script:  # what Slurm received: the rendered script plus the dependency
-        script = Path(spec.path) / EVAL_SCRIPT
+        script = layout.eval_sbatch_script(spec.path)
         script.parent.mkdir(parents=True, exist_ok=True)
         script.write_text(executor.last_script)
     runs.append_history(spec.path, job.job_id, "eval", "slurm", note=dependency(after) if after else "")
-    log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
-    return Submission(spec.path, job.job_id, "slurm", str(log), job)
+    return Submission(spec.path, job.job_id, "slurm", str(layout.job_log(spec.path, job.job_id)), job)
 
 
 # ------------------------------------------------------------------------------------ by hand (CLI)
@@ -388,7 +365,7 @@ def eval_run(run_dir: Path, steps: list[int], all_kept: bool, tasks: list[str] |
 
     if steps and all_kept:
         raise SpecError("--step and --all-kept exclude each other: give one", key="step")
-    spec = load_frozen(run_dir / runs.SPEC)
+    spec = load_frozen(layout.spec_file(run_dir))
     if tasks:
         check_tasks(tasks)
     if needs_gsm8k(tasks or spec.recipe.eval.tasks):
@@ -444,4 +421,4 @@ def eval_model(model: str, out: Path, tasks: list[str] | None, limit: int | None
         if value is not None:
             argv += [flag, str(value)]
     run_here(argv)
-    return EvalOutcome(None, True, [json.loads((out / "eval.json").read_text())])
+    return EvalOutcome(None, True, [json.loads((out / MODEL_RESULT).read_text())])

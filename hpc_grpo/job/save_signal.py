@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.common.atomic import write_text_atomic
+from hpc_grpo.runstate import layout
 
-MARKER = "signal_save.json"
-REQUEST = "save_request"
 ATTEMPT_ENV = "HPC_GRPO_ATTEMPT"
 # Exit status of a training process that stopped after a save on the signal (EX_TEMPFAIL: "try again").
 STOPPED_FOR_REQUEUE = 75
@@ -77,7 +76,7 @@ class SaveOnSignal:
         self.saved_step = step
         data = {"step": step, "checkpoint": checkpoint, "signal_at": self.requested_at, "saved_at": time.time(),
                 "pid": os.getpid(), "held_sigterm": self.held_sigterm}
-        write_text_atomic(run_dir / MARKER, json.dumps(data) + "\n")
+        write_text_atomic(layout.save_marker(run_dir), json.dumps(data) + "\n")
         return data
 
 
@@ -90,16 +89,16 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def read_marker(run_dir: Path) -> dict[str, Any] | None:
-    return _read_json(run_dir / MARKER)
+    return _read_json(layout.save_marker(run_dir))
 
 
 def read_request(run_dir: Path) -> dict[str, Any] | None:
-    return _read_json(run_dir / REQUEST)
+    return _read_json(layout.save_request(run_dir))
 
 
 def write_request(run_dir: Path, attempt: str) -> None:
     """Ask the training process of `attempt` to save at its next step end (atomic: it polls the file)."""
-    write_text_atomic(run_dir / REQUEST, json.dumps({"attempt": attempt, "time": time.time()}) + "\n")
+    write_text_atomic(layout.save_request(run_dir), json.dumps({"attempt": attempt, "time": time.time()}) + "\n")
 
 
 def callback(state: SaveOnSignal) -> Any:

@@ -20,11 +20,10 @@ from typing import Any
 import submitit
 
 from hpc_grpo.launch import render
-from hpc_grpo.runstate import restart, runs
-from hpc_grpo.job import save_signal
+from hpc_grpo.runstate import layout, restart, runs
+from hpc_grpo.job import job_env, save_signal
 from hpc_grpo.config.resolve import load_frozen
 from hpc_grpo.config.spec import RunSpec
-from hpc_grpo.common.yamlio import SpecError
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +64,10 @@ class TrainJob:
 
     def __call__(self) -> int:
         run_dir = Path(self.run_dir)
-        spec = load_frozen(run_dir / runs.SPEC)
+        spec = load_frozen(layout.spec_file(run_dir))
         env = submitit.JobEnvironment()
         chained = spec.cluster.scheduler == "slurm" and spec.cluster.restart == "chain"
-        self._attempt = f"{env.job_id}.{os.environ.get('SLURM_RESTART_COUNT', '0')}.{os.getpid()}"
+        self._attempt = f"{env.job_id}.{job_env.restart_count()}.{os.getpid()}"
         if chained:
             # Not submitit's checkpoint-and-requeue: ask for the save and let Slurm end the job (TIMEOUT,
             # PREEMPTED), which starts the follow-on queued below.
@@ -77,7 +76,7 @@ class TrainJob:
 
             if not chain.start(spec, env.job_id, env.global_rank, self.after):
                 return 0
-        script = run_dir / "scripts" / "launch.sh"
+        script = layout.launch_script(run_dir)
         child_env = {**os.environ, save_signal.ATTEMPT_ENV: self._attempt}
         self._started = time.time()
         self._proc = subprocess.Popen(["bash", str(script)], cwd=self.run_dir, env=child_env)
@@ -88,7 +87,7 @@ class TrainJob:
         except _TrainingFinished:
             return 0
         if rc != 0 and self._finished():
-            rc = 0  # killed by a late signal after it had written train_done.json: the run is trained
+            rc = 0  # killed by a late signal after it had written its done file: the run is trained
         if rc == save_signal.STOPPED_FOR_REQUEUE and chained:
             print("hpc-grpo: saved on the signal; chained mode: waiting for Slurm to end this job, its follow-on "
                   "then resumes", flush=True)
@@ -138,7 +137,7 @@ class TrainJob:
 
         env = submitit.JobEnvironment()
         run_dir = Path(self.run_dir)
-        spec = load_frozen(run_dir / runs.SPEC)
+        spec = load_frozen(layout.spec_file(run_dir))
         if spec.cluster.restart == "chain":
             # Only reached when the signal came before __call__ installed the chained handler (its first second).
             runs.append_history(run_dir, env.job_id, "failed", "slurm",
@@ -199,12 +198,12 @@ class TrainJob:
         return state in ("Z", "X")
 
     def _finished(self) -> bool:
-        """The training process ended by finishing the run (train_done.json written during this attempt)."""
+        """The training process ended by finishing the run (its done file written during this attempt)."""
         if self._proc is None or not self._exited():
             return False
         if self._proc.returncode == 0:
             return True
-        done = Path(self.run_dir) / "train_done.json"
+        done = layout.done_file(self.run_dir)
         return done.is_file() and done.stat().st_mtime >= self._started
 
 
@@ -219,7 +218,8 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
     def __init__(self, spec: RunSpec, extra_sbatch: list[tuple[str, Any]] | None = None,
                  eval_job: bool = False) -> None:
         # python: the frozen interpreter, so the srun line runs the same one as every other in-job step.
-        super().__init__(folder=render.submitit_dir(spec), max_num_timeout=1_000_000, python=shlex.quote(spec.python))
+        super().__init__(folder=layout.submitit_dir(spec.path), max_num_timeout=1_000_000,
+                         python=shlex.quote(spec.python))
         self.spec = spec
         self.extra_sbatch = list(extra_sbatch or [])
         self.eval_job = eval_job  # the run's eval job: scripts/eval_sbatch.sh's text (render.render_eval_sbatch)
@@ -238,7 +238,7 @@ def slurm_parameters(spec: RunSpec) -> dict[str, Any]:
         "job_name": spec.run_name,
         "nodes": r.resources.nodes,
         "ntasks_per_node": 1,
-        "cpus_per_task": r.resources.cpus_per_task or c.cpus_per_node,
+        "cpus_per_task": spec.cpus_per_task,
         "time": r.resources.time_min,
         "signal_delay_s": c.signal_delay_s,
     }
@@ -247,40 +247,19 @@ def slurm_parameters(spec: RunSpec) -> dict[str, Any]:
     return params
 
 
-def check_partition(spec: RunSpec) -> None:
-    """Ask Slurm what the partition really has: a request it can never satisfy is refused now, not left pending."""
-    from hpc_grpo.cluster import slurm
-
-    r, c = spec.recipe, spec.cluster
-    partition = r.resources.partition or c.partition
-    limits = slurm.partition_limits(partition)
-    where = f"partition {limits.name}"
-    if r.resources.nodes > limits.nodes:
-        raise SpecError(f"{r.resources.nodes} nodes asked; {where} has {limits.nodes}", key="resources.nodes")
-    if spec.gpus_per_node > limits.gpus_per_node:
-        raise SpecError(f"{spec.gpus_per_node} GPUs per node asked; {where} nodes have {limits.gpus_per_node}",
-                        key="resources.gpus_per_node")
-    cpus = r.resources.cpus_per_task or c.cpus_per_node
-    if cpus > limits.cpus_per_node:
-        raise SpecError(f"{cpus} CPUs per task asked; {where} nodes have {limits.cpus_per_node}",
-                        key="resources.cpus_per_task")
-    if limits.max_time_min is not None and r.resources.time_min > limits.max_time_min:
-        raise SpecError(f"time {r.resources.time} asked; {where} allows {limits.max_time_min} minutes",
-                        key="resources.time")
-
-
 def write_run(spec: RunSpec, files: dict[str, str]) -> None:
     render.write_files(spec.path, files)
-    (spec.path / "checkpoints").mkdir(exist_ok=True)
+    layout.checkpoints_dir(spec.path).mkdir(exist_ok=True)
 
 
 def submit_run(spec: RunSpec, files: dict[str, str], purpose: str = "train", note: str = "",
                data: dict[str, Any] | None = None) -> Submission:
     """Create the run directory, write the frozen spec and scripts, submit, record the job id (with a note and
-    details, e.g. what `hpc-grpo resume` resumes from)."""
+    details, e.g. what `hpc-grpo resume` resumes from).
+
+    The caller has run the plan for submission (planning.plan.run_plan, for_submit=True): its preflight is the one
+    check of the request against what Slurm's partition has (planning.preflight.check_slurm)."""
     restart.check(spec)
-    if spec.cluster.scheduler == "slurm":
-        check_partition(spec)
     with runs.submit_lock(spec.path):
         runs.refuse_if_live(spec.path)
         write_run(spec, files)
@@ -294,9 +273,9 @@ def _submit_slurm(spec: RunSpec, purpose: str, note: str = "", data: dict[str, A
     executor.update_parameters(**slurm_parameters(spec))
     job = executor.submit(TrainJob(spec.run_dir))
     # Same text Slurm received; equal to the rendered one.
-    (spec.path / "scripts" / "sbatch.sh").write_text(executor.last_script)
+    layout.sbatch_script(spec.path).write_text(executor.last_script)
     runs.append_history(spec.path, job.job_id, purpose, "slurm", note=note, data=data)
-    log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
+    log = layout.job_log(spec.path, job.job_id)
     eval_job = None
     from hpc_grpo.evaluation.evaluate import job_argv, queued_after_training, submit_eval
 
@@ -308,29 +287,34 @@ def _submit_slurm(spec: RunSpec, purpose: str, note: str = "", data: dict[str, A
 
 
 def _submit_local(spec: RunSpec, purpose: str, note: str = "", data: dict[str, Any] | None = None) -> Submission:
-    executor = submitit.LocalExecutor(folder=render.submitit_dir(spec), python=shlex.quote(spec.python))
+    executor = submitit.LocalExecutor(folder=layout.submitit_dir(spec.path), python=shlex.quote(spec.python))
     executor.update_parameters(timeout_min=spec.recipe.resources.time_min, nodes=1, tasks_per_node=1,
                                gpus_per_node=spec.gpus_per_node)
     job = executor.submit(TrainJob(spec.run_dir, eval_after=spec.recipe.eval.enabled))
     runs.append_history(spec.path, job.job_id, purpose, "local", note=note, data=data)
-    log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
+    log = layout.job_log(spec.path, job.job_id)
     return Submission(spec.path, job.job_id, "local", str(log), job)
-
 
 
 def submit_follow_on(spec: RunSpec, after: str) -> str:
     """Chained mode: queue the run's next job, to start only if job `after` does not end well (afternotok).
 
-    Submitted from inside a job: submitit's clean_env() drops the job's SLURM_* variables (the new job would
-    inherit its allocation's), but also SLURM_CONF, which the clients need to find a non-system cluster.
-    `--kill-on-invalid-dep` removes the follow-on when `after` completes, so it never waits forever.
+    Submitted from inside a job (submit_detached). `--kill-on-invalid-dep` removes the follow-on when `after`
+    completes, so it never waits forever.
     """
     executor = TemplateSlurmExecutor(spec, extra_sbatch=[("dependency", f"afternotok:{after}"),
                                                          ("kill-on-invalid-dep", "yes")])
     executor.update_parameters(**slurm_parameters(spec))
+    return str(submit_detached(executor, TrainJob(spec.run_dir, after=after)).job_id)
+
+
+def submit_detached(executor: submitit.Executor, fn: Any) -> Any:
+    """Submit `fn` as a job of its own, also from inside a job: the chained follow-on and the eval job.
+
+    submitit's clean_env() drops the surrounding job's SLURM_* variables (the new job would inherit its
+    allocation's), SLURM_CONF too, which the clients need to find a non-system cluster: that one is put back."""
     conf = os.environ.get("SLURM_CONF")
     with submitit.helpers.clean_env():
         if conf:
             os.environ["SLURM_CONF"] = conf
-        job = executor.submit(TrainJob(spec.run_dir, after=after))
-    return str(job.job_id)
+        return executor.submit(fn)

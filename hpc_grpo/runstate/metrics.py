@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
-VERL_LOG = "verl_metrics.jsonl"  # verl's file logger (VERL_FILE_LOGGER_PATH), rewritten from scratch at each start
+from hpc_grpo.runstate import layout
 
 # our names -> the keys engines log them under (first one present wins): trl's flat keys, then verl's
 KEYS: dict[str, tuple[str, ...]] = {
@@ -145,7 +144,7 @@ def run_metrics(run_dir: Path, driver_logs: list[Path] | None = None) -> RunMetr
             continue
         rows.update({r["step"]: r for r in found})
         total = t or total
-    path = Path(run_dir) / METRICS_FILE
+    path = layout.metrics_file(run_dir)
     logged = file_rows(path)
     if logged:
         return RunMetrics(logged, total, str(path))

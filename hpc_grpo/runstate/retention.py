@@ -31,12 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.runstate import checkpoints as ck
-from hpc_grpo.runstate.metrics import METRICS_FILE, read_raw  # the one reader of metrics.jsonl (both engines)
+from hpc_grpo.runstate import layout
+from hpc_grpo.runstate.metrics import read_raw  # the one reader of metrics.jsonl (both engines)
 from hpc_grpo.runstate.runs import checkpoint_lock
 
-LEASE_DIR = "leases"
-EXPORT_DIR = "exports"  # RUN_DIR/exports/step_N/ (written by evaluation's export)
-EVAL_DIR = "eval"  # RUN_DIR/eval/step_N.json (evaluation's scores; numeric leaves become metrics eval/<path>)
 LEASE_MAX_AGE_S = 2 * 86400
 WORKERS = 8  # threads for listing and removal (tools/bench_prune.py measures 1 against 8)  # a lease from another host whose holder cannot be asked is trusted this long
 
@@ -195,18 +193,15 @@ def decide_quarantine(entries: Sequence[tuple[Path, float, int]], policy: Policy
 
 # --------------------------------------------------------------------------------------- leases
 def _lease_files(run_dir: Path) -> Iterator[tuple[int, str, int, Path]]:
-    folder = Path(run_dir) / LEASE_DIR
+    folder = layout.leases_dir(run_dir)
     try:
         names = os.listdir(folder)
     except OSError:
         return
     for name in names:
-        parts = name.split(".")
-        if len(parts) >= 5 and parts[0].startswith("step_") and parts[-1] == "lease":  # step_N.HOST.ID.PID.lease
-            try:
-                yield int(parts[0][5:]), ".".join(parts[1:-3]), int(parts[-2]), folder / name
-            except ValueError:
-                continue
+        lease = layout.parse_lease(name)
+        if lease is not None:
+            yield *lease, folder / name
 
 
 def active_leases(run_dir: Path, now: float | None = None) -> frozenset[int]:
@@ -241,10 +236,9 @@ def lease(run_dir: Path, step: int) -> Iterator[Path]:
     removed it just before). The file goes when the block ends; a crashed holder's lease is ignored later.
     """
     run_dir = Path(run_dir)
-    folder = run_dir / LEASE_DIR
-    path = folder / f"step_{int(step)}.{socket.gethostname()}.{uuid.uuid4().hex[:8]}.{os.getpid()}.lease"
+    path = layout.lease_file(run_dir, step, socket.gethostname(), uuid.uuid4().hex[:8], os.getpid())
     with checkpoint_lock(run_dir):
-        folder.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"step": int(step), "pid": os.getpid(), "time": time.time()}) + "\n")
     try:
         yield path
@@ -275,34 +269,29 @@ def logged_metrics(run_dir: Path, engine: str) -> dict[int, dict[str, float]]:
             _flatten("", row, flat)
             out.setdefault(step, {}).update(flat)
 
-    for step, raw in read_raw(run_dir / METRICS_FILE).items():
+    for step, raw in read_raw(layout.metrics_file(run_dir)).items():
         put(step, raw)
     if engine == "trl":
         for _, path in reversed(candidates(run_dir, engine)):
-            try:
-                history = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))["log_history"]
-            except (OSError, ValueError, KeyError, TypeError):
+            state = ck.trainer_state(path)
+            if state is None or "log_history" not in state:
                 continue
+            history = state["log_history"]
             for row in history if isinstance(history, list) else []:
                 if isinstance(row, dict):
                     put(row.get("step"), {k: v for k, v in row.items() if k != "step"})
             break
-    try:
-        names = os.listdir(run_dir / EVAL_DIR)
-    except OSError:
-        names = []
-    for name in names:
-        if name.startswith("step_") and name.endswith(".json") and name[5:-5].isdigit():
-            try:
-                data = json.loads((run_dir / EVAL_DIR / name).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            flat: dict[str, float] = {}
-            # evaluation's files keep their scores under "metrics" (eval/gsm8k/strict_match); other numbers too
-            scores = data.get("metrics") if isinstance(data, dict) and isinstance(data.get("metrics"), dict) else data
-            _flatten("eval", scores, flat)
-            flat.pop("eval/step", None)
-            out.setdefault(int(name[5:-5]), {}).update(flat)
+    for step, path in layout.eval_results(run_dir):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        flat: dict[str, float] = {}
+        # evaluation's files keep their scores under "metrics" (eval/gsm8k/strict_match); other numbers too
+        scores = data.get("metrics") if isinstance(data, dict) and isinstance(data.get("metrics"), dict) else data
+        _flatten("eval", scores, flat)
+        flat.pop("eval/step", None)
+        out.setdefault(step, {}).update(flat)
     return out
 
 
@@ -331,7 +320,7 @@ def candidates(run_dir: Path, engine: str) -> list[tuple[int, Path]]:
     Names come from checkpoints.FOLDER_RE, so the layout knowledge stays in that module."""
     pattern = ck.FOLDER_RE[engine]
     try:
-        with os.scandir(ck.checkpoint_dir(run_dir)) as it:
+        with os.scandir(layout.checkpoints_dir(run_dir)) as it:
             found = [(int(m.group(1)), Path(e.path)) for e in it if (m := pattern.match(e.name))]
     except OSError:
         return []
@@ -377,7 +366,7 @@ def scan(run_dir: Path, engine: str, policy: Policy, prot: Protections) -> list[
     run_dir = Path(run_dir)
     found = candidates(run_dir, engine)
     prints = _parallel(lambda sp: footprint(sp[1]) if not sp[1].is_symlink() else (0, os.lstat(sp[1]).st_mtime), found)
-    exports = _parallel(lambda sp: footprint(run_dir / EXPORT_DIR / f"step_{sp[0]}")[0], found)
+    exports = _parallel(lambda sp: footprint(layout.export_dir(run_dir, sp[0]))[0], found)
     items = {s: Item(s, p, None, "not opened", sz, mt, ex) for (s, p), (sz, mt), ex in zip(found, prints, exports)}
 
     def check(step: int) -> bool:
@@ -408,7 +397,7 @@ def scan(run_dir: Path, engine: str, policy: Policy, prot: Protections) -> list[
 
 def quarantined(run_dir: Path) -> list[tuple[Path, float, int]]:
     """checkpoints-incomplete/ entries: (path, when set aside: ctime of the entry, which a move updates, bytes)."""
-    folder = Path(run_dir) / ck.QUARANTINE_DIR
+    folder = layout.quarantine_dir(run_dir)
     out = []
     try:
         entries = list(os.scandir(folder))
@@ -494,14 +483,14 @@ def prune_run(run_dir: Path, engine: str, policy: Policy, *, dry_run: bool = Fal
         result.freed_bytes += sum(v.size_bytes for v in qverdicts if not v.keep)
         if dry_run:
             return result
-        ckpt_folder = ck.checkpoint_dir(run_dir)
+        ckpt_folder = layout.checkpoints_dir(run_dir)
         jobs: list[tuple[Path, Path]] = []
         for v in gone:
             jobs.append((v.path, ckpt_folder))
-            export = run_dir / EXPORT_DIR / f"step_{v.step}"
+            export = layout.export_dir(run_dir, v.step)
             if os.path.lexists(export):
-                jobs.append((export, run_dir / EXPORT_DIR))
-        jobs += [(v.path, run_dir / ck.QUARANTINE_DIR) for v in qverdicts if not v.keep]
+                jobs.append((export, layout.exports_dir(run_dir)))
+        jobs += [(v.path, layout.quarantine_dir(run_dir)) for v in qverdicts if not v.keep]
 
         def remove(job: tuple[Path, Path]) -> str:
             try:
@@ -526,7 +515,7 @@ def prune_spec(run_dir: Path, *, lock_timeout_s: float | None = 600.0, **overrid
     """The recipe's policy applied to a run (what jobs call at start, after saves and at the end)."""
     from hpc_grpo.config.resolve import load_frozen
 
-    spec = load_frozen(Path(run_dir) / "spec.yaml")
+    spec = load_frozen(layout.spec_file(run_dir))
     policy = Policy.from_recipe(spec.recipe.checkpoint, **overrides)
     return prune_run(Path(run_dir), spec.recipe.engine, policy, lock_timeout_s=lock_timeout_s)
 
@@ -566,7 +555,7 @@ def cli_prune(run: str | None, all_runs: bool, *, dry_run: bool, max_bytes: str 
     dirs = find_runs(runs_roots()) if all_runs else [locate_run(run)]
     results = []
     for d in dirs:
-        spec = load_frozen(d / "spec.yaml")
+        spec = load_frozen(layout.spec_file(d))
         policy = Policy.from_recipe(spec.recipe.checkpoint, **overrides)
         results.append(prune_run(d, spec.recipe.engine, policy, dry_run=dry_run))
     return results

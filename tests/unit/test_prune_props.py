@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import retention as prune
-from hpc_grpo.runstate.runs import CHECKPOINT_LOCK
+from hpc_grpo.runstate.layout import CHECKPOINT_LOCK
+from hpc_grpo.runstate import layout
 from tests.prune_trees import MAKERS, set_mtime, snapshot
 
 NOW = time.time()
@@ -64,10 +65,10 @@ def build(root: Path, t: dict) -> tuple[Path, Path, str]:
     if t["tracker"] is not None:
         (ckpt_dir / ck.TRACKER).write_text(str(t["tracker"]))
     for step in t["leased"]:
-        (run / prune.LEASE_DIR).mkdir(exist_ok=True)
-        (run / prune.LEASE_DIR / f"step_{step}.{os.uname().nodename}.abcd.{os.getpid()}.lease").write_text("{}")
+        (run / layout.LEASES_DIR).mkdir(exist_ok=True)
+        (run / layout.LEASES_DIR / f"step_{step}.{os.uname().nodename}.abcd.{os.getpid()}.lease").write_text("{}")
     if t["metric"]:
-        (run / prune.METRICS_FILE).write_text("".join(f'{{"step": {s}, "score": {v}}}\n' for s, v in t["metric"].items()))
+        (run / layout.METRICS_FILE).write_text("".join(f'{{"step": {s}, "score": {v}}}\n' for s, v in t["metric"].items()))
     return run, outside, engine
 
 
