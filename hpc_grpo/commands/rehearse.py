@@ -34,7 +34,6 @@ from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.runstate import layout
 
 TINY_MODEL = "~/.cache/hpc-grpo/tiny-qwen2"
-DATA_DIR = "rehearsal-data"  # inside the rehearsal's run directory
 TRAIN_ROWS = 16  # a handful: 4 prompts per step, margin for rows filter_overlong_prompts drops
 VAL_ROWS = 4
 MAX_PROMPT = 256  # the tiny model's context is 512 tokens
@@ -332,7 +331,7 @@ def prepare_inputs(spec: RunSpec, run_dir: Path, python: str) -> ShrinkInputs:
 
     model = ensure_tiny_model(python)
     d = spec.recipe.data
-    folder = run_dir / DATA_DIR
+    folder = layout.rehearsal_data_dir(run_dir)
     train = folder / f"train{Path(d.train_files).suffix}"
     val = folder / f"val{Path(d.val_files).suffix}"
     sample_rows(Path(d.train_files), train, TRAIN_ROWS, "data.train_files")

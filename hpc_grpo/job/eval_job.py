@@ -74,7 +74,7 @@ def score_model(model_dir: str | Path, settings: EvalSettings, task_dir: Path) -
 
 def base_scores(model: str, settings: EvalSettings, cache_root: Path, task_dir: Path) -> dict[str, Any]:
     """The base model's scores, from the cache when the same model and settings were scored before."""
-    path = evaluate.base_cache_path(cache_root, settings.cache_key(model))
+    path = layout.base_eval_file(cache_root, settings.cache_key(model))
     if path.is_file():
         try:
             cached = json.loads(path.read_text())
@@ -140,7 +140,7 @@ def evaluate_run(spec: RunSpec, steps: list[int], all_kept: bool, tasks: list[st
             "base": {"model": base, "scores": base_result["scores"]},
             "published": evaluate.published(spec.recipe.model.path),
         })
-        out = evaluate.result_path(run_dir, ckpt.step)
+        out = layout.eval_result(run_dir, ckpt.step)
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out, result)
         log(f"step {ckpt.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items()) + f" -> {out}")

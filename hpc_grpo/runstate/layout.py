@@ -27,6 +27,8 @@ RUN/
   exports/step_N/           a checkpoint as a Hugging Face folder, export.json inside once whole
   eval/step_N.json, eval/tasks/     evaluation results and the local lm-eval task files
   probe.json                the ray-probe recipe's answer
+  .hpc-grpo-reserve         a job's ballast, given up first on a full disk
+  rehearsal-data/           `hpc-grpo rehearse`: the shrunk data set
   report.png                `hpc-grpo report`'s default picture
 RUNS_ROOT/_base-evals/KEY.json      base-model scores, shared by the runs of one runs root
 """
@@ -70,6 +72,8 @@ EXPORT_MARKER = "export.json"  # inside exports/step_N/, written before the fold
 EVAL_DIR = "eval"
 EVAL_TASKS_DIR = "tasks"  # inside eval/
 PROBE_FILE = "probe.json"
+RESERVE_FILE = ".hpc-grpo-reserve"  # the job's ballast, removed first on a full disk (job.disk)
+REHEARSAL_DATA_DIR = "rehearsal-data"  # `hpc-grpo rehearse`: the shrunk data set
 REPORT_FILE = "report.png"
 BASE_EVALS_DIR = "_base-evals"  # in the runs root, not in a run directory
 
@@ -114,6 +118,8 @@ prompt_lengths_file = _in_run(PROMPT_LENGTHS_FILE)
 save_request = _in_run(SAVE_REQUEST)
 save_marker = _in_run(SAVE_MARKER)
 probe_file = _in_run(PROBE_FILE)
+reserve_file = _in_run(RESERVE_FILE)
+rehearsal_data_dir = _in_run(REHEARSAL_DATA_DIR)
 exports_dir = _in_run(EXPORTS_DIR)
 eval_dir = _in_run(EVAL_DIR)
 report_file = _in_run(REPORT_FILE)
