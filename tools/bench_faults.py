@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from hpc_grpo.runstate import runs  # noqa: E402
 from hpc_grpo.cluster import slurm  # noqa: E402
 from hpc_grpo.runstate import checkpoints as ck  # noqa: E402
-from hpc_grpo.job import save_signal  # noqa: E402
+from hpc_grpo.runstate import save_request  # noqa: E402
 
 SHRINK = ["checkpoint.keep=2", "grpo.entropy_coeff=0.01", "batch.train=2", "batch.mini=2", "batch.micro_per_gpu=4",
           "batch.log_prob_micro_per_gpu=4", "grpo.n=2", "data.max_response_length=8"]
@@ -102,7 +102,7 @@ def measure(fault: str, root: Path, base: list[str], env: dict[str, str], fault_
             cleanup.append(preempt(job_id, f"{name}-hi"))
         while True:
             table = rows(run_dir)
-            marker = save_signal.read_marker(run_dir)
+            marker = save_request.read_marker(run_dir)
             if resumed is None and marker is not None:
                 resumed = int(marker["step"])
                 if fault == "time-limit":

@@ -19,6 +19,7 @@ fi
 # tests/slurm/test_unprivileged.py runs the CLI as an ordinary user (hpcgrpo-user): it must reach this checkout
 # (the editable install points at it) and the interpreter behind .venv, which is often pyenv's under /root
 # (drwx------). Give others traverse (x, not listing) on the folders above both, and read on the code and the venv.
+# tests/unit/test_code_reward_attacks.py runs pytest itself as that user: it reads tests/ and pyproject.toml too.
 if [ "$(id -u)" = 0 ]; then
   for d in "$root" "$(dirname "$(readlink -f .venv/bin/python)")"; do
     while [ "$d" != / ]; do
@@ -26,7 +27,7 @@ if [ "$(id -u)" = 0 ]; then
       d="$(dirname "$d")"
     done
   done
-  find hpc_grpo recipes clusters templates .venv \( -type d ! -perm -o=rx -o ! -type d ! -perm -o=r \) \
+  find hpc_grpo recipes clusters templates tests pyproject.toml .venv \( -type d ! -perm -o=rx -o ! -type d ! -perm -o=r \) \
     -exec chmod o+rX {} +
 fi
 

@@ -1,1 +1,1 @@
-"""The cluster itself: every Slurm command and every SLURM_* variable go through here."""
+"""The cluster itself: every Slurm command and SLURM_* variable (slurm), and what its nodes allow the code sandbox (isolation)."""

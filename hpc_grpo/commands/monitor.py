@@ -16,6 +16,7 @@ from typing import Any
 from hpc_grpo.runstate import layout, runs
 from hpc_grpo.runstate import metrics as engine_metrics
 from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.config.steps import total_steps
 
 GPU_FIELDS = "index,name,utilization.gpu,memory.used,memory.total"
 KL_HEALTHY = 0.0027  # field report 004, section 6.1
@@ -62,34 +63,6 @@ def read_rows(spec: RunSpec) -> tuple[list[dict[str, Any]], int | None, str]:
     logs = [log_path(spec, j) for j in runs.job_ids(spec.path)] if spec.recipe.engine == "verl" else []
     got = engine_metrics.run_metrics(spec.path, logs)
     return got.rows, got.total, got.source or str(layout.metrics_file(spec.path))
-
-
-def data_rows(path: Path) -> int | None:
-    """Rows of a data file without reading its data: the parquet footer's count, or jsonl's line count."""
-    if not path.is_file():
-        return None
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-
-            return int(pq.read_metadata(path).num_rows)
-        except Exception:  # no pyarrow, or a broken file: no estimate
-            return None
-    with path.open("rb") as fh:
-        return sum(1 for line in fh if line.strip())
-
-
-def total_steps(spec: RunSpec, printed: int | None) -> tuple[int | None, bool]:
-    """(total steps, estimated?): what the engine printed, the recipe's step count, else epochs x rows / batch."""
-    if printed:
-        return printed, False
-    t = spec.recipe.train
-    if t.total_training_steps:
-        return t.total_training_steps, False
-    rows = data_rows(Path(spec.recipe.data.train_files))
-    if not rows:
-        return None, True
-    return max(1, rows // spec.recipe.batch.train) * t.total_epochs, True
 
 
 def step_time(rows: list[dict[str, Any]]) -> float | None:

@@ -64,6 +64,11 @@ def build(run_dir: Path) -> Report:
     return rep
 
 
+def figure_path(run_dir: Path, png: Path | None = None) -> Path:
+    """Where `report` writes its figure: --png, else RUN/report.png."""
+    return png or layout.report_file(run_dir)
+
+
 def draw(rep: Report, out: Path) -> Path:
     """A 2x3 figure: four training curves, eval accuracy per step, and the base/published comparison."""
     import matplotlib

@@ -5,14 +5,13 @@ a run halfway. Only resources and time limits may change (a bigger allocation, a
 else would make the rest of the run train something other than its first part, so it needs --force. Where
 training goes on from is decided in the job (hpc_grpo.job.prepare_resume); this module only says what the
 job will find, refuses while a job of the run is alive or when the job could not load its checkpoint (a verl
-FSDP checkpoint at another world size, check_world_size, which the job applies again), and records the request
-in the history.
+FSDP checkpoint at another world size: hpc_grpo.planning.world_size, which the job applies again), and records
+the request in the history.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout, runs
 from hpc_grpo.config.spec import RunSpec, canonical_key, redact, secret_error, secret_in
+from hpc_grpo.planning.world_size import check_world_size
 from hpc_grpo.common.yamlio import SpecError, parse_scalar
 
 # What may change without --force: where and how long the run is allowed to run, not what it trains.
@@ -47,10 +47,14 @@ class ResumePlan:
             return "no complete checkpoint: the job starts from step 0"
         return f"resumes from {self.checkpoint.path} (step {self.step})"
 
+    def nothing_to_do(self, force: bool) -> bool:
+        """A finished run is resubmitted only with --force (e.g. with more training steps)."""
+        return self.finished is not None and not force
+
     def describe(self, force: bool) -> list[str]:
         """What the CLI prints before it submits (or instead, for a finished run without --force)."""
         lines = [f"Run {self.spec.run_name}: {self.spec.run_dir}"]
-        if self.finished is not None and not force:
+        if self.nothing_to_do(force):
             lines.append(f"Run {self.spec.run_name} finished ({layout.DONE_FILE}: step {self.finished.get('final_step')}): "
                          "nothing to resume. Use --force to resubmit it anyway (e.g. with more training steps).")
             return lines
@@ -122,69 +126,6 @@ def apply_overrides(spec: RunSpec, items: list[str], force: bool) -> tuple[RunSp
         raise
 
 
-class WorldSizeMismatch(SpecError):
-    """A verl FSDP checkpoint saved at another world size than the job would run at: verl cannot load it."""
-
-    def __init__(self, message: str, checkpoint: Path, saved: int, new: int) -> None:
-        super().__init__(message, key="resources")
-        self.data = {"cause": "world size mismatch", "checkpoint": str(checkpoint),
-                     "checkpoint_world_size": saved, "world_size": new}
-
-
-def _shape_for(world: int, *specs: RunSpec) -> str:
-    """resources overrides giving `world` training processes: the shape of a spec that had that size, else whole
-    nodes of the last spec's processes per node, else one node."""
-    key = specs[-1].procs_key
-    for s in specs:
-        if s.world_size == world:
-            return f"resources.nodes={s.recipe.resources.nodes} {key}={s.procs_per_node}"
-    per_node = specs[-1].procs_per_node
-    if per_node and world % per_node == 0:
-        return f"resources.nodes={world // per_node} {key}={per_node}"
-    return f"resources.nodes=1 {key}={world}"
-
-
-def new_run_command(spec: RunSpec, model_dir: Path) -> str:
-    """`hpc-grpo submit` of a new run like this one (recipe, cluster, overrides, resources as now asked) whose
-    model is `model_dir`."""
-    keep: dict[str, str] = {}
-    for item in spec.overrides:
-        key = item.split("=", 1)[0].strip()
-        keep.pop(key, None)  # the last value of a key wins, at its place
-        if key != "model.path":
-            keep[key] = item
-    words = [f"recipe={spec.recipe.name}", f"cluster={spec.cluster.name}", *keep.values(), f"model.path={model_dir}"]
-    return "hpc-grpo submit " + " ".join(shlex.quote(w) for w in words)
-
-
-def check_world_size(spec: RunSpec, ckpt: ck.Checkpoint | None, before: RunSpec | None = None) -> None:
-    """Refuse to resume a verl FSDP checkpoint at another world size than it was saved at (verl 0.9.1 does not
-    reshard: it looks for model_world_size_<new>_rank_R.pt and the job dies at load, after its wait in the queue).
-    Megatron dist checkpoints reshard and trl saves whole weights: no refusal. `before`: the run's spec before
-    this resume's overrides, whose shape the fix offers first. Used by `resume` and again in the job."""
-    if ckpt is None or spec.recipe.engine != "verl":
-        return
-    saved = ck.fsdp_world_size(ckpt)
-    new = spec.world_size
-    if saved is None or saved == new:
-        return
-    res = spec.recipe.resources
-    run = shlex.quote(str(spec.path))
-    exported = layout.export_dir(spec.path, ckpt.step)
-    back = _shape_for(saved, *[s for s in (before, spec) if s is not None])
-    raise WorldSizeMismatch(
-        f"world size {new} (resources.nodes={res.nodes} x {spec.procs_key}={spec.procs_per_node}) is refused: "
-        f"the newest complete checkpoint {ckpt.path} is a verl FSDP checkpoint saved at world size {saved} "
-        f"({ck.ACTOR}/{ck.fsdp_shard('model', saved, '*')}), and verl loads FSDP shards only at the world size that "
-        f"wrote them (it would look for {ck.fsdp_shard('model', new, '*')} and fail at load, after the queue wait).\n"
-        f"Fix, one of:\n"
-        f"  (a) resume at world size {saved}: hpc-grpo resume {run} {back}\n"
-        f"  (b) export step {ckpt.step} to a Hugging Face folder with verl's merger and start a new run from those "
-        f"weights (optimizer state and step count start anew): hpc-grpo export {run} --step {ckpt.step} "
-        f"(writes {exported}), then {new_run_command(spec, exported)}",
-        ckpt.path, saved, new)
-
-
 def plan_resume(run_dir: Path, items: list[str], force: bool) -> ResumePlan:
     """Everything resume checks before it submits; raises SpecError (exit 2) or runs.RunBusy."""
     from hpc_grpo.config.resolve import load_frozen
@@ -205,6 +146,14 @@ def plan_resume(run_dir: Path, items: list[str], force: bool) -> ResumePlan:
     if finished is None or force:  # a finished run without --force is not resubmitted: nothing to refuse
         check_world_size(spec, best, before=frozen)
     return ResumePlan(spec, best, newer, list(items), forced, finished)
+
+
+def check_plan(plan: ResumePlan) -> Any:
+    """The resubmission planned again, as submit plans (schema aside: it was checked at submit): the overrides may
+    not fit the cluster any more. The CLI prints its findings and submits nothing unless it is ok."""
+    from hpc_grpo.planning.plan import run_plan
+
+    return run_plan(plan.spec, schema=False, for_submit=True)
 
 
 def submit_resume(plan: ResumePlan) -> Any:

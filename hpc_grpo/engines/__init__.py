@@ -1,48 +1,13 @@
 """Engines: everything hpc-grpo knows about one training framework lives in its module.
 
 An engine turns a RunSpec into the command that trains (`command`), names the launch template
-its job runs, and says which Hydra/CLI keys it owns. `get_engine(name)` is the only lookup.
+its job runs, and says which Hydra/CLI keys it owns. `get_engine(name)` is the only lookup; the types every engine
+returns are in engines/base.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-from hpc_grpo.common.findings import Finding
-from hpc_grpo.config.spec import RunSpec
-
-
-@dataclass(frozen=True, slots=True)
-class Override:
-    """One engine setting: its key, its value, and the recipe field it came from."""
-
-    key: str
-    value: Any
-    source: str
-
-
-@dataclass(frozen=True, slots=True)
-class EngineCommand:
-    """The exact driver invocation: argv plus, for Hydra engines, config name and overrides."""
-
-    argv: list[str]
-    config_name: str = ""
-    overrides: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    # Ray engines: the logical CPUs each node's `ray start --num-cpus` offers (0: no Ray).
-    ray_cpus: int = 0
-    # Exported on every node before Ray starts, so every process of the job has it (verl's CPU-mode plugin).
-    node_env: dict[str, str] = field(default_factory=dict)
-
-
-class Engine(Protocol):
-    name: str
-    launch_template: str
-
-    def command(self, spec: RunSpec) -> EngineCommand: ...
-
-    def check(self, spec: RunSpec) -> list[Finding]: ...
+from hpc_grpo.engines.base import Engine
 
 
 def get_engine(name: str) -> Engine:

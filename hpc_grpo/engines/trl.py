@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpc_grpo.runstate import layout, runs
-from hpc_grpo.engines import EngineCommand, Override
+from hpc_grpo.engines.base import EngineCommand, Override
 from hpc_grpo.common.findings import Finding, error, info, warning
 from hpc_grpo.config.spec import RunSpec
 

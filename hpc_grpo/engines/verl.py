@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpc_grpo.runstate import checkpoints, layout, runs
-from hpc_grpo.engines import EngineCommand, Override, verl_cpu
+from hpc_grpo.engines import verl_cpu
+from hpc_grpo.engines.base import EngineCommand, Override
 from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_key_for
 from hpc_grpo.common.findings import Finding, error
 from hpc_grpo.config.spec import RunSpec

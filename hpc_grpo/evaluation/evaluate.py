@@ -1,4 +1,5 @@
 """GSM8K evaluation, login-node side: what to evaluate, where the data is, the eval job, and reading results.
+(Queuing the eval job is launch's: hpc_grpo.launch.submit.submit_eval; `hpc-grpo eval` is hpc_grpo.commands.eval.)
 
 The evaluation runs as its own job (hpc_grpo/job/eval_job.py): on Slurm it is queued with
 `--dependency=afterany:<training job>` and its own resources (recipe `eval.resources`: one node, e.g. one GPU for
@@ -127,6 +128,7 @@ class EvalSettings:
     gpus: int = 0
     gpu_memory_utilization: float = 0.85
     dp: int = 1
+    code_isolation: str = "auto"  # grpo.code.isolation: humaneval runs model code in the reward's sandbox
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -140,6 +142,7 @@ class EvalSettings:
         data = {**self.as_dict(), "model": str(Path(model_path).resolve()) if Path(model_path).exists()
                 else model_path, "data": [_file_id(self.train_file), _file_id(self.test_file)]}
         data.pop("gpu_memory_utilization")
+        data.pop("code_isolation")  # where the code ran, not what was scored
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -195,7 +198,8 @@ def settings_for(spec: RunSpec, tasks: list[str] | None = None, limit: int | Non
     train, test = data_files(spec) if needs_gsm8k(tasks or e.tasks) else ("", "")
     p = eval_resources(spec)
     return EvalSettings(tuple(tasks or e.tasks), limit if limit is not None else e.limit, e.num_fewshot, p.backend,
-                        e.batch_size, e.max_gen_toks, train, test, p.tp, p.gpus, e.gpu_memory_utilization, p.dp)
+                        e.batch_size, e.max_gen_toks, train, test, p.tp, p.gpus, e.gpu_memory_utilization, p.dp,
+                        spec.recipe.grpo.code.isolation)
 
 
 def check_tasks(tasks: list[str]) -> list[str]:
@@ -315,110 +319,9 @@ def dependency(after: str) -> str:
     return f"afterany:{after}"
 
 
-def submit_eval(spec: RunSpec, argv: list[str], after: str | None = None) -> Any:
-    """Queue the eval job on Slurm (afterany `after` when given: the job checks the run is trained), from a clean
-    environment. Returns the Submission."""
-    from hpc_grpo.runstate import runs
-    from hpc_grpo.launch.submit import Submission, TemplateSlurmExecutor, slurm_parameters, submit_detached
-
-    executor = TemplateSlurmExecutor(spec, extra_sbatch=[("dependency", dependency(after))] if after else None,
-                                     eval_job=True)
-    executor.update_parameters(**slurm_parameters(eval_spec(spec)))
-    job = submit_detached(executor, EvalJob(argv))
-    if executor.last_script:  # what Slurm received: the rendered script plus the dependency
-        script = layout.eval_sbatch_script(spec.path)
-        script.parent.mkdir(parents=True, exist_ok=True)
-        script.write_text(executor.last_script)
-    runs.append_history(spec.path, job.job_id, "eval", "slurm", note=dependency(after) if after else "")
-    return Submission(spec.path, job.job_id, "slurm", str(layout.job_log(spec.path, job.job_id)), job)
-
-
-# ------------------------------------------------------------------------------------ by hand (CLI)
-@dataclass
-class EvalOutcome:
-    """What `hpc-grpo eval` did: ran here (results) or queued a job (job id, log)."""
-
-    run_dir: Path | None
-    ran_here: bool
-    results: list[dict[str, Any]]
-    job_id: str | None = None
-    log: str | None = None
-    after: str | None = None
-
-
-def run_here(argv: list[str]) -> None:
-    """The in-job code, in a child process of this one (so the CLI itself never imports torch or lm_eval)."""
-    import subprocess
-
-    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.job.eval_job", *argv], check=False)
-    if proc.returncode != 0:
-        raise SpecError(f"the evaluation failed (exit {proc.returncode}); its messages are above", key="eval") \
-            if proc.returncode == 2 else RuntimeError(f"the evaluation failed (exit {proc.returncode})")
-
-
-def eval_run(run_dir: Path, steps: list[int], all_kept: bool, tasks: list[str] | None, limit: int | None,
-             here: bool | None = None) -> EvalOutcome:
-    """Evaluate a run's checkpoints: here on cluster=local (or --here), else as a Slurm job (afterany a live
-    training job, if there is one)."""
-    from hpc_grpo.runstate import runs
-    from hpc_grpo.config.resolve import load_frozen
-
-    if steps and all_kept:
-        raise SpecError("--step and --all-kept exclude each other: give one", key="step")
-    spec = load_frozen(layout.spec_file(run_dir))
-    if tasks:
-        check_tasks(tasks)
-    if needs_gsm8k(tasks or spec.recipe.eval.tasks):
-        data_files(spec)  # a missing data file is an input error now, not a failed job later
-    argv = job_argv(run_dir, steps, all_kept, tasks, limit)
-    if here is None:
-        here = spec.cluster.scheduler == "local"
-    if here:
-        before = {r.get("step"): r.get("finished_at") for r in load_results(run_dir)}
-        run_here(argv)
-        fresh = [r for r in load_results(run_dir) if before.get(r.get("step")) != r.get("finished_at")]
-        return EvalOutcome(run_dir, True, fresh)
-    live = runs.live_jobs(run_dir)
-    train = [e.job_id for e in runs.read_history(run_dir) if e.purpose != "eval" and e.job_id in live]
-    after = train[-1] if train else None
-    if after:
-        argv = job_argv(run_dir, steps, all_kept, tasks, limit, after=after)
-    sub = submit_eval(spec, argv, after=after)
-    return EvalOutcome(run_dir, False, [], sub.job_id, sub.log_hint, after)
-
-
+# ------------------------------------------------------------------------------------------- data
 def default_data_files() -> tuple[str, str] | None:
     """The raw GSM8K files `hpc-grpo data gsm8k` recorded in its default output folder, if any."""
     root = Path(os.environ.get("HPC_GRPO_DATA", "~/hpc-grpo-data")).expanduser() / "gsm8k"
     src = _recorded_source(root / "trl" / "test.jsonl")
     return (str(src / "train.jsonl"), str(src / "test.jsonl")) if src else None
-
-
-def eval_model(model: str, out: Path, tasks: list[str] | None, limit: int | None, train_file: str | None,
-               test_file: str | None, num_fewshot: int | None, max_gen_toks: int | None) -> EvalOutcome:
-    """`hpc-grpo eval --model PATH`: any HF folder (the base model, an export), scored here."""
-    if tasks:
-        check_tasks(tasks)
-    if not needs_gsm8k(tasks or ["gsm8k"]):
-        train_file, test_file = "", ""
-    elif not (train_file and test_file):
-        found = default_data_files()
-        if found is None:
-            raise SpecError("no GSM8K files: pass --test-file and --train-file (question/answer jsonl: "
-                            f"{GSM8K_RAW_HINT.format(split='test')})", key="test-file")
-        train_file, test_file = train_file or found[0], test_file or found[1]
-    for f in (train_file, test_file) if needs_gsm8k(tasks or ["gsm8k"]) else ():
-        if not Path(f).is_file():
-            raise SpecError(f"{f} does not exist: pass a GSM8K jsonl with question/answer rows", key="test-file")
-    if not (Path(model) / "config.json").is_file():
-        raise SpecError(f"--model {model}: no config.json there; pass a Hugging Face model folder", key="model")
-    argv = ["--model", str(model), "--out", str(out)]
-    if train_file and test_file:
-        argv += ["--train-file", str(train_file), "--test-file", str(test_file)]
-    if tasks:
-        argv += ["--tasks", ",".join(tasks)]
-    for flag, value in (("--limit", limit), ("--num-fewshot", num_fewshot), ("--max-gen-toks", max_gen_toks)):
-        if value is not None:
-            argv += [flag, str(value)]
-    run_here(argv)
-    return EvalOutcome(None, True, [json.loads((out / MODEL_RESULT).read_text())])

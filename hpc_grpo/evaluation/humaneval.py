@@ -7,6 +7,12 @@ every test passes), and pass@k uses the unbiased estimator of Chen et al. (2021)
 pass@k = E[1 - C(n-c, k) / C(n, k)] over problems, n samples of which c pass.
 Entry points: evaluate_humaneval (one model), evaluate_run (base beside the trained policy of a run),
 both returning JSON-ready dicts. Heavy imports stay inside the functions.
+
+The scoring is the training reward's, protection included: each `check(candidate)` body is split into its
+asserts (hpc_grpo/rewards/code_tests.py), the calls run in the sandbox and the expected values stay here, so a
+sample that learned to fool a checker gains no pass@k. The few statements that cannot be split (HumanEval/32,
+38 and 50 wholly; loops in 33, 44, 53, 151) run as one test beside the code; the report counts them
+(weak_tests, and per task).
 """
 
 from __future__ import annotations
@@ -63,18 +69,24 @@ def score_samples(problems: Sequence[dict[str, Any]], samples: Sequence[Sequence
     gts = [ground_truth(p) for p in problems]
     scores = score_batch([t for _, t in flat], [gts[i] for i, _ in flat], weights, workers)
     passed = [0] * len(problems)
+    tests, weak = [0] * len(problems), [0] * len(problems)
+    tests_passed: list[list[int]] = [[] for _ in problems]
     kinds: dict[str, int] = {}
     isolation = None
     for (i, _), s in zip(flat, scores):
         passed[i] += s.kind == "passed"
+        tests[i], weak[i] = s.total, s.weak
+        tests_passed[i].append(s.passed)
         kinds[s.kind] = kinds.get(s.kind, 0) + 1
         isolation = isolation or s.detail.get("isolation")
     n = min(len(t) for t in samples) if samples else 0
-    out: dict[str, Any] = {"problems": len(problems), "samples_per_problem": n, "outcomes": kinds, "isolation": isolation}
+    out: dict[str, Any] = {"problems": len(problems), "samples_per_problem": n, "outcomes": kinds, "isolation": isolation,
+                           "tests": sum(tests), "weak_tests": sum(weak)}
     for k in ks:
         if 1 <= k <= n:
             out[f"pass@{k}"] = sum(pass_at_k(len(samples[i]), passed[i], k) for i in range(len(problems))) / len(problems)
-    out["per_task"] = [{"task_id": p["id"], "passed": passed[i], "n": len(samples[i])} for i, p in enumerate(problems)]
+    out["per_task"] = [{"task_id": p["id"], "passed": passed[i], "n": len(samples[i]), "tests": tests[i], "weak": weak[i],
+                        "tests_passed": tests_passed[i]} for i, p in enumerate(problems)]
     return out
 
 
@@ -129,6 +141,7 @@ def evaluate_run(run_dir: str | Path, **kwargs: Any) -> dict[str, Any]:
     ckpt = json.loads(done_file.read_text())["last_checkpoint"]
     base = spec.recipe.model.path
     policy = {"adapter": ckpt} if holds_adapter(Path(ckpt)) else {"model_path": ckpt}
+    kwargs.setdefault("weights", RewardWeights(per_test_timeout=3.0, isolation=spec.recipe.grpo.code.isolation))
     return {"run": str(run_dir), "task": "humaneval", "models": [
         evaluate_humaneval(base, label="base", **kwargs),
         evaluate_humaneval(**{"model_path": base, **policy}, label="policy", **kwargs),
@@ -136,10 +149,12 @@ def evaluate_run(run_dir: str | Path, **kwargs: Any) -> dict[str, Any]:
 
 
 def task_scores(model_dir: str, limit: int | None = None, n: int = 1, ks: Sequence[int] = (1,),
-                max_new_tokens: int = 512, adapter: str | None = None) -> dict[str, Any]:
+                max_new_tokens: int = 512, adapter: str | None = None, isolation: str = "auto") -> dict[str, Any]:
     """The shape `hpc-grpo eval` (hpc_grpo/evaluation/evaluate.py) keeps per task: {"humaneval": {"pass@1": ..., "n": problems}}.
-    Its metric names for W&B and prune: humaneval/pass@k."""
-    r = evaluate_humaneval(model_dir, adapter=adapter, limit=limit, n=n, ks=ks, max_new_tokens=max_new_tokens)
+    Its metric names for W&B and prune: humaneval/pass@k. isolation: the recipe's grpo.code.isolation."""
+    r = evaluate_humaneval(model_dir, adapter=adapter, limit=limit, n=n, ks=ks, max_new_tokens=max_new_tokens,
+                           weights=RewardWeights(per_test_timeout=3.0, isolation=isolation))
     scores = {f"pass@{k}": r[f"pass@{k}"] for k in ks if f"pass@{k}" in r}
     return {"humaneval": {**scores, "n": r["problems"], "samples_per_problem": r["samples_per_problem"],
-                          "outcomes": r["outcomes"], "isolation": r["isolation"]}}
+                          "outcomes": r["outcomes"], "isolation": r["isolation"], "tests": r["tests"],
+                          "weak_tests": r["weak_tests"]}}

@@ -60,11 +60,17 @@ def score_model(model_dir: str | Path, settings: EvalSettings, task_dir: Path) -
         result.update(lm_eval_version=raw["lm_eval_version"], lm_eval_cli=args.cli(task_dir))
     if "humaneval" in settings.tasks:
         from hpc_grpo.evaluation import humaneval
+        from hpc_grpo.cluster import isolation
 
+        try:
+            log(isolation.job_line(settings.code_isolation))
+        except isolation.IsolationRefused as exc:
+            raise EvalError(str(exc)) from None
         t0 = time.time()
         log(f"humaneval: pass@1, {settings.limit or 'all'} problems, greedy")
         result["scores"].update(humaneval.task_scores(str(model_dir), limit=settings.limit,
-                                                      max_new_tokens=settings.max_gen_toks or 512))
+                                                      max_new_tokens=settings.max_gen_toks or 512,
+                                                      isolation=settings.code_isolation))
         result["wall_time_s"] += time.time() - t0
     wall = result["wall_time_s"] = round(result["wall_time_s"], 3)
     n = sum(s["n"] for s in result["scores"].values())

@@ -10,8 +10,8 @@ engines, before the engine starts: the newest COMPLETE checkpoint is where train
   to the chosen step; the old content is kept in the history line.
 - What it did goes into history.jsonl as a "start" event of the job.
 - A verl FSDP checkpoint saved at another world size than the job's is refused before anything moves (verl
-  cannot load it; hpc_grpo.commands.resume.check_world_size, which `hpc-grpo resume` applies first): the job fails at
-  once with a "failed" event in the history that says what to do, instead of dying at load.
+  cannot load it; hpc_grpo.planning.world_size, which `hpc-grpo resume` applies first): the job fails at once
+  with a "failed" event in the history that says what to do, instead of dying at load.
 
 All of it happens under runs.checkpoint_lock(run_dir), the lock prune takes too.
 
@@ -74,14 +74,14 @@ class Prepared:
 
 def prepare(run_dir: Path, engine: str, spec: RunSpec | None = None) -> Prepared:
     """Choose the checkpoint, quarantine newer broken ones, fix verl's tracker; under the checkpoint lock.
-    With the job's spec, a checkpoint the job cannot load at its world size raises resume.WorldSizeMismatch
+    With the job's spec, a checkpoint the job cannot load at its world size raises world_size.WorldSizeMismatch
     before anything changes on disk."""
     run_dir = Path(run_dir)
     with runs.checkpoint_lock(run_dir):
         ckpts = ck.list_checkpoints(run_dir, engine)
         best = ck.newest_complete(ckpts)
         if spec is not None:
-            from hpc_grpo.commands.resume import check_world_size
+            from hpc_grpo.planning.world_size import check_world_size
 
             check_world_size(spec, best)
         floor = best.step if best else -1
@@ -118,7 +118,7 @@ def prepare_and_record(run_dir: Path, engine: str, spec: RunSpec | None = None) 
     """prepare(), its "start" line in the history, and the disk-full reserve (hpc_grpo.job.disk); a refused
     world size becomes a "failed" line (status shows it as why the job stopped) and is raised again."""
     from hpc_grpo.job import disk
-    from hpc_grpo.commands.resume import WorldSizeMismatch
+    from hpc_grpo.planning.world_size import WorldSizeMismatch
 
     job_id, executor = job_identity()
     try:

@@ -14,24 +14,19 @@ request of an earlier attempt (another key) is ignored. Every attempt still trai
 stops, so a run whose signal always comes early still moves on.
 
 When the save is done, `signal_save.json` in the run directory says which step it holds: TrainJob.checkpoint()
-and tools/bench_faults.py read it.
+and tools/bench_faults.py read it. The file names, the attempt variable and the exit status are the handshake in
+hpc_grpo.runstate.save_request.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo.common.atomic import write_text_atomic
-from hpc_grpo.runstate import layout
-
-ATTEMPT_ENV = "HPC_GRPO_ATTEMPT"
-# Exit status of a training process that stopped after a save on the signal (EX_TEMPFAIL: "try again").
-STOPPED_FOR_REQUEUE = 75
+from hpc_grpo.runstate import save_request
 
 
 class SaveOnSignal:
@@ -43,12 +38,12 @@ class SaveOnSignal:
         self.saved_step: int | None = None
         self.held_sigterm = 0
         self.run_dir = run_dir
-        self.attempt = attempt if attempt is not None else os.environ.get(ATTEMPT_ENV)
+        self.attempt = attempt if attempt is not None else os.environ.get(save_request.ATTEMPT_ENV)
 
     @property
     def requested(self) -> bool:
         if self.requested_at is None and self.run_dir is not None and self.attempt:
-            request = read_request(self.run_dir)
+            request = save_request.read_request(self.run_dir)
             if request and request.get("attempt") == self.attempt:
                 self.requested_at = float(request.get("time") or time.time())
         return self.requested_at is not None
@@ -76,29 +71,8 @@ class SaveOnSignal:
         self.saved_step = step
         data = {"step": step, "checkpoint": checkpoint, "signal_at": self.requested_at, "saved_at": time.time(),
                 "pid": os.getpid(), "held_sigterm": self.held_sigterm}
-        write_text_atomic(layout.save_marker(run_dir), json.dumps(data) + "\n")
+        save_request.write_marker(run_dir, data)
         return data
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def read_marker(run_dir: Path) -> dict[str, Any] | None:
-    return _read_json(layout.save_marker(run_dir))
-
-
-def read_request(run_dir: Path) -> dict[str, Any] | None:
-    return _read_json(layout.save_request(run_dir))
-
-
-def write_request(run_dir: Path, attempt: str) -> None:
-    """Ask the training process of `attempt` to save at its next step end (atomic: it polls the file)."""
-    write_text_atomic(layout.save_request(run_dir), json.dumps({"attempt": attempt, "time": time.time()}) + "\n")
 
 
 def callback(state: SaveOnSignal) -> Any:

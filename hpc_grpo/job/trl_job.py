@@ -32,6 +32,7 @@ from hpc_grpo.runstate.metrics import parse_record
 from hpc_grpo.engines.trl import grpo_config_kwargs, lora_config_kwargs
 from hpc_grpo.job import disk, prepare_resume, save_signal
 from hpc_grpo.runstate.retention import job_prune
+from hpc_grpo.runstate import save_request
 from hpc_grpo.config.spec import RunSpec
 
 # trl log key -> metrics.jsonl key
@@ -299,6 +300,14 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
         log(f"dropped {dropped} metric line(s) after step {resume_step} from {layout.METRICS_FILE} "
             "(they are trained again)")
 
+    if spec.recipe.grpo.reward == "code_exec":  # before any heavy import: a refusal costs a second
+        from hpc_grpo.cluster import isolation
+
+        try:
+            log(isolation.job_line(spec.recipe.grpo.code.isolation))
+        except isolation.IsolationRefused as exc:
+            raise JobError(str(exc)) from None
+
     os.environ.update(wandb_env(spec))  # before the trainer (and so W&B) starts
 
     import warnings
@@ -447,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     except (JobError, SpecError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
-    return save_signal.STOPPED_FOR_REQUEUE if result.get("stopped_on_signal") else 0
+    return save_request.STOPPED_FOR_REQUEUE if result.get("stopped_on_signal") else 0
 
 
 if __name__ == "__main__":

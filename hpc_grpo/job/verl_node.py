@@ -258,6 +258,24 @@ def run_worker(o: Options, layout: NodeLayout) -> int:
         log(f"{label}: Ray worker stopped")
 
 
+def code_sandbox_line(spec_path: Path) -> str | None:
+    """This node's code sandbox, for the job log (grpo.reward=code_exec only; the reward runs on any node).
+    Raises IsolationRefused where grpo.code.isolation=auto finds no namespaces here."""
+    from hpc_grpo.config.resolve import load_frozen
+    from hpc_grpo.common.yamlio import SpecError
+
+    try:
+        spec = load_frozen(spec_path)
+    except (OSError, SpecError) as exc:  # the reward itself still probes and refuses, on every call
+        log(f"code sandbox: not checked at start ({spec_path}: {exc})", err=True)
+        return None
+    if spec.recipe.grpo.reward != "code_exec":
+        return None
+    from hpc_grpo.cluster import isolation
+
+    return isolation.job_line(spec.recipe.grpo.code.isolation)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     o = parse_args(sys.argv[1:] if argv is None else argv)
     for signum in STOP_SIGNALS:
@@ -271,6 +289,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.chdir(o.run_dir)
     try:
         layout = node_layout(o.nodes, o.local_address)
+        from hpc_grpo.cluster.isolation import IsolationRefused
+
+        try:
+            line = code_sandbox_line(o.spec)
+        except IsolationRefused as exc:
+            log(f"{layout.name}: {exc}", err=True)
+            return 2
+        if line:
+            log(f"{layout.name}: {line}")
         files = state_files(o.ray_dir, layout.job_id, layout.attempt)
         files.folder.mkdir(parents=True, exist_ok=True)
         if layout.index == 0:

@@ -1,4 +1,5 @@
-"""Submission through submitit: executors from a cluster profile, and the job callable.
+"""Submission through submitit: executors from a cluster profile, the job callable, and the three submissions (the
+training job, a chained follow-on, the eval job queued after training).
 
 The batch script Slurm receives is hpc-grpo's own Jinja template: our SlurmExecutor renders
 submitit's submission file from it, and the same text is saved as scripts/sbatch.sh, so what
@@ -19,9 +20,9 @@ from typing import Any
 
 import submitit
 
-from hpc_grpo.launch import render
-from hpc_grpo.runstate import layout, restart, runs
-from hpc_grpo.job import job_env, save_signal
+from hpc_grpo.evaluation import evaluate
+from hpc_grpo.launch import chain, render
+from hpc_grpo.runstate import layout, restart, runs, save_request
 from hpc_grpo.config.resolve import load_frozen
 from hpc_grpo.config.spec import RunSpec
 
@@ -67,17 +68,15 @@ class TrainJob:
         spec = load_frozen(layout.spec_file(run_dir))
         env = submitit.JobEnvironment()
         chained = spec.cluster.scheduler == "slurm" and spec.cluster.restart == "chain"
-        self._attempt = f"{env.job_id}.{job_env.restart_count()}.{os.getpid()}"
+        self._attempt = f"{env.job_id}.{os.environ.get('SLURM_RESTART_COUNT', '0')}.{os.getpid()}"
         if chained:
             # Not submitit's checkpoint-and-requeue: ask for the save and let Slurm end the job (TIMEOUT,
             # PREEMPTED), which starts the follow-on queued below.
             signal.signal(signal.SIGUSR2, lambda signum, frame: self._request_save())
-            from hpc_grpo.job import chain
-
-            if not chain.start(spec, env.job_id, env.global_rank, self.after):
+            if not chain.start(spec, env.job_id, env.global_rank, self.after, submit_follow_on):
                 return 0
         script = layout.launch_script(run_dir)
-        child_env = {**os.environ, save_signal.ATTEMPT_ENV: self._attempt}
+        child_env = {**os.environ, save_request.ATTEMPT_ENV: self._attempt}
         self._started = time.time()
         self._proc = subprocess.Popen(["bash", str(script)], cwd=self.run_dir, env=child_env)
         try:
@@ -88,7 +87,7 @@ class TrainJob:
             return 0
         if rc != 0 and self._finished():
             rc = 0  # killed by a late signal after it had written its done file: the run is trained
-        if rc == save_signal.STOPPED_FOR_REQUEUE and chained:
+        if rc == save_request.STOPPED_FOR_REQUEUE and chained:
             print("hpc-grpo: saved on the signal; chained mode: waiting for Slurm to end this job, its follow-on "
                   "then resumes", flush=True)
             while True:
@@ -109,16 +108,14 @@ class TrainJob:
 
     def _evaluate(self, run_dir: Path, job_id: str) -> None:
         """cluster=local: the eval job's in-job side, run here; it evaluates only if the run is trained."""
-        from hpc_grpo.evaluation.evaluate import EvalJob, job_argv
-
-        EvalJob(job_argv(run_dir, after=job_id))()
+        evaluate.EvalJob(evaluate.job_argv(run_dir, after=job_id))()
 
     def _request_save(self) -> None:
         """Ask the training process for a save at its next step end: a request file (read at every step end,
         also when the signal came during its start-up) and the signal itself."""
         if self._attempt is None:
             return
-        save_signal.write_request(Path(self.run_dir), self._attempt)
+        save_request.write_request(Path(self.run_dir), self._attempt)
         proc = self._proc
         if proc is not None and proc.poll() is None:
             try:
@@ -182,7 +179,7 @@ class TrainJob:
             while not self._exited() and time.monotonic() < end:
                 time.sleep(0.1)
             return None
-        marker = save_signal.read_marker(Path(self.run_dir))
+        marker = save_request.read_marker(Path(self.run_dir))
         return int(marker["step"]) if marker and marker.get("pid") == proc.pid else None
 
     def _exited(self) -> bool:
@@ -277,12 +274,10 @@ def _submit_slurm(spec: RunSpec, purpose: str, note: str = "", data: dict[str, A
     runs.append_history(spec.path, job.job_id, purpose, "slurm", note=note, data=data)
     log = layout.job_log(spec.path, job.job_id)
     eval_job = None
-    from hpc_grpo.evaluation.evaluate import job_argv, queued_after_training, submit_eval
-
-    if queued_after_training(spec):
+    if evaluate.queued_after_training(spec):
         # Chained mode: this first job ends by its time limit and the run goes on in follow-ons with new job ids, so
         # an evaluation after this job would only find the run untrained; `hpc-grpo eval RUN` evaluates the finished run.
-        eval_job = submit_eval(spec, job_argv(spec.path, after=job.job_id), after=job.job_id)
+        eval_job = submit_eval(spec, evaluate.job_argv(spec.path, after=job.job_id), after=job.job_id)
     return Submission(spec.path, job.job_id, "slurm", str(log), job, eval_job)
 
 
@@ -318,3 +313,18 @@ def submit_detached(executor: submitit.Executor, fn: Any) -> Any:
         if conf:
             os.environ["SLURM_CONF"] = conf
         return executor.submit(fn)
+
+
+def submit_eval(spec: RunSpec, argv: list[str], after: str | None = None) -> Submission:
+    """Queue the run's eval job on Slurm (afterany `after` when given: the job checks the run is trained), from a
+    clean environment, with the eval job's own resources (evaluation.evaluate.eval_spec)."""
+    executor = TemplateSlurmExecutor(spec, extra_sbatch=[("dependency", evaluate.dependency(after))] if after
+                                     else None, eval_job=True)
+    executor.update_parameters(**slurm_parameters(evaluate.eval_spec(spec)))
+    job = submit_detached(executor, evaluate.EvalJob(argv))
+    if executor.last_script:  # what Slurm received: the rendered script plus the dependency
+        script = layout.eval_sbatch_script(spec.path)
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text(executor.last_script)
+    runs.append_history(spec.path, job.job_id, "eval", "slurm", note=evaluate.dependency(after) if after else "")
+    return Submission(spec.path, job.job_id, "slurm", str(layout.job_log(spec.path, job.job_id)), job)

@@ -7,7 +7,6 @@ job that would die in its first minute on the cluster dies here instead, with th
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,22 +14,9 @@ from pathlib import Path
 from hpc_grpo.engines import get_engine
 from hpc_grpo.common.findings import Finding, cannot_read, error, has_errors, info, warning
 from hpc_grpo.planning.models import ModelShape, resolve_shape
+from hpc_grpo.planning.resources import Layout, check_resources, layout_of
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.spec import RunSpec
-
-
-@dataclass
-class Layout:
-    """The numbers every other check and the plan table use."""
-
-    world_size: int
-    gpus_per_node: int
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    dp: int
-    rollout_tp: int
 
 
 @dataclass
@@ -42,78 +28,11 @@ class Plan:
     memory: object | None = None
     schedule: object | None = None
     schema_checked: str = "skipped"
+    code_isolation: str | None = None  # what the code sandbox gets on the compute nodes (code recipes only)
 
     @property
     def ok(self) -> bool:
         return not has_errors(self.findings)
-
-
-def layout_of(spec: RunSpec) -> Layout:
-    r = spec.recipe
-    p = r.parallel
-    mp = p.tp * p.pp * p.cp if r.backend == "megatron" else 1
-    world = spec.world_size
-    return Layout(
-        world_size=world,
-        gpus_per_node=spec.gpus_per_node,
-        tp=p.tp,
-        pp=p.pp,
-        cp=p.cp,
-        ep=p.ep,
-        dp=world // mp if mp and world % mp == 0 else 0,
-        rollout_tp=p.rollout_tp,
-    )
-
-
-# ------------------------------------------------------------------------------------ resources
-def check_resources(spec: RunSpec, lay: Layout) -> list[Finding]:
-    r, c = spec.recipe, spec.cluster
-    out: list[Finding] = []
-    if r.resources.nodes > c.nodes_max:
-        out.append(error("resources.nodes", f"{r.resources.nodes} nodes asked, cluster '{c.name}' has {c.nodes_max}",
-                         f"use resources.nodes<={c.nodes_max} or a bigger cluster"))
-    if lay.gpus_per_node > c.gpus_per_node:
-        out.append(error("resources.gpus_per_node", f"{lay.gpus_per_node} GPUs per node asked, '{c.name}' nodes have {c.gpus_per_node}",
-                         f"use resources.gpus_per_node<={c.gpus_per_node}"))
-    if r.resources.time_min > c.time_max_min:
-        out.append(error("resources.time", f"{r.resources.time} exceeds the cluster's limit {c.time_max}",
-                         f"use resources.time<={c.time_max}; the job resumes from checkpoints after a time limit"))
-    if r.resources.cpus_per_task and r.resources.cpus_per_task > c.cpus_per_node:
-        out.append(error("resources.cpus_per_task", f"{r.resources.cpus_per_task} CPUs asked, nodes have {c.cpus_per_node}",
-                         f"use resources.cpus_per_task<={c.cpus_per_node}"))
-    if r.resources.mem_gb and r.resources.mem_gb > c.mem_per_node_gb:
-        out.append(error("resources.mem_gb", f"{r.resources.mem_gb} GB asked, nodes have {c.mem_per_node_gb:g} GB",
-                         f"use resources.mem_gb<={c.mem_per_node_gb:g}"))
-    if c.scheduler == "local" and r.resources.nodes > 1:
-        out.append(error("resources.nodes", "cluster 'local' has no scheduler and runs one node",
-                         "use resources.nodes=1 or a Slurm cluster"))
-    out += check_verl_cpu(spec)
-    if r.engine == "trl" and r.resources.nodes > 1:
-        out.append(error("resources.nodes", "the trl engine runs on one node", "use resources.nodes=1 or engine verl"))
-    return out
-
-
-def check_verl_cpu(spec: RunSpec) -> list[Finding]:
-    """verl on CPU (no GPU given) runs FSDP with the HF-sampling rollout; the HF rollout exists only there."""
-    r = spec.recipe
-    if r.engine != "verl":
-        return []
-    out: list[Finding] = []
-    if spec.verl_cpu:
-        if r.backend != "fsdp":
-            out.append(error("backend", f"'{r.backend}' needs GPUs (Megatron's kernels); this job has none, so verl "
-                             "would run in its CPU mode, which trains with FSDP only",
-                             "use a GPU cluster profile (resources.gpus_per_node > 0), or backend=fsdp"))
-        if r.rollout.name != "hf":
-            out.append(error("rollout.name", f"'{r.rollout.name}' needs GPUs; this job has none (verl's CPU mode)",
-                             "use rollout.name=hf on CPU, or give the job GPUs (resources.gpus_per_node)"))
-        out.append(info("resources.gpus_per_node", f"0 GPUs: verl's real trainer runs in its CPU mode, "
-                        f"{spec.procs_per_node} training process(es) per node on gloo, sampling with hpc-grpo's HF "
-                        "server instead of vLLM (verl 0.9.1 only; not exercised: vLLM, NCCL, GPU memory)"))
-    elif r.rollout.name == "hf":
-        out.append(error("rollout.name", "'hf' is verl's CPU-mode sampler (hpc-grpo's stand-in for vLLM), and this "
-                         f"job has {spec.gpus_per_node} GPUs per node", "use rollout.name=vllm"))
-    return out
 
 
 # --------------------------------------------------------------------------------------- layout
@@ -363,62 +282,6 @@ def check_memory(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> tuple[
     return findings, est
 
 
-def checkpoint_gib(spec: RunSpec, shape: ModelShape | None) -> float | None:
-    """One checkpoint's size in GiB (hpc_grpo.planning.ckpt_size: the one sizing rule)."""
-    if shape is None:
-        return None
-    from hpc_grpo.planning.ckpt_size import checkpoint_size
-    from hpc_grpo.planning.schedule import lora_params_of
-
-    r = spec.recipe
-    return checkpoint_size(r.engine, r.backend, shape.params, lora_params_of(spec, shape)).gib
-
-def kept_checkpoints(spec: RunSpec) -> tuple[int, str]:
-    """How many checkpoints the retention policy can hold at once (plus the one being written), and how that
-    count was reached. Milestones are counted when the run's length in steps is known."""
-    c = spec.recipe.checkpoint
-    steps = spec.recipe.train.total_training_steps
-    parts = [f"{c.keep_last} newest"]
-    n = c.keep_last
-    if c.keep_every:
-        if steps:
-            saves = range(c.save_freq, steps + 1, c.save_freq)
-            milestones = sum(1 for s in saves if s % c.keep_every == 0)
-            n += milestones
-            parts.append(f"up to {milestones} milestones")
-        else:
-            parts.append("milestones (not counted: the step count is only known at run time)")
-    if c.keep_best:
-        n += 1
-        parts.append("the best")
-    if steps:
-        n = min(n, len(range(c.save_freq, steps + 1, c.save_freq)) + 1)
-    return n + 1, " + ".join(parts) + " + 1 being written"
-
-
-def check_disk(spec: RunSpec, shape: ModelShape | None, root: Path, make: Callable[..., Finding] = warning,
-               ) -> list[Finding]:
-    """The checkpoints the retention policy keeps, plus the one being written, must fit in the free space of the
-    runs root (`root`: the nearest existing folder of it). Field report 004's run died at step 80 of 105 on a
-    full disk. Called by preflight: a warning in plan, an error at submit (`make`)."""
-    r = spec.recipe
-    size = checkpoint_gib(spec, shape)
-    count, how = kept_checkpoints(spec)
-    need = r.checkpoint.disk_gb or (size * count if size else None)
-    if need is None:
-        return []
-    if r.checkpoint.max_bytes is not None and not r.checkpoint.disk_gb and size:
-        need = min(need, r.checkpoint.max_bytes / 2**30 + size)  # the cap, plus the save that may go over it
-        how += ", capped by checkpoint.max_bytes"
-    what = f"retention keeps {how}: ~{need:.1f} GiB" + (f" (~{size:.1f} GiB each)" if size else "")
-    free = shutil.disk_usage(root).free / 2**30
-    msg = f"{what}; {root} has {free:.0f} GiB free"
-    if need > free:
-        return [make("checkpoint.keep_last", msg, "lower checkpoint.keep_last or keep_every, set checkpoint.max_bytes, "
-                     "enable LoRA, or use a bigger runs_root")]
-    return [info("checkpoint.keep_last", msg)]
-
-
 # ------------------------------------------------------------------------------------ misc/env
 def check_environment(spec: RunSpec, for_submit: bool) -> list[Finding]:
     r = spec.recipe
@@ -466,6 +329,63 @@ def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
     return out
 
 
+def runs_policy_code(spec: RunSpec) -> bool:
+    """The run executes model-written code: the execution reward, or a HumanEval evaluation."""
+    e = spec.recipe.eval
+    return spec.recipe.grpo.reward == "code_exec" or (e.enabled and "humaneval" in e.tasks)
+
+
+def nodes_are_this_machine(spec: RunSpec) -> bool:
+    """The jobs run on this machine: cluster=local, or a Slurm this machine talks to whose nodes all have a
+    loopback or this host's address (slurm-dev). Then a probe here answers for the compute nodes."""
+    if spec.cluster.scheduler == "local":
+        return True
+    from hpc_grpo.cluster import slurm
+    from hpc_grpo.planning.preflight import _plan_talks_to_it
+
+    if not _plan_talks_to_it(spec):
+        return False
+    import ipaddress
+    import socket
+
+    try:
+        nodes = slurm.partition_nodes(spec.recipe.resources.partition or spec.cluster.partition)
+        addresses = list(slurm.node_addresses([n.name for n in nodes]).values())
+    except slurm.SlurmError:
+        return False
+
+    def local(address: str) -> bool:
+        try:
+            return ipaddress.ip_address(address).is_loopback
+        except ValueError:
+            return address in ("localhost", socket.gethostname())
+
+    return bool(addresses) and all(local(a) for a in addresses)
+
+
+def check_code_isolation(spec: RunSpec) -> tuple[str | None, list[Finding]]:
+    """What the code sandbox will have on the compute nodes (hpc_grpo.cluster.isolation.py) and whether the
+    reward will refuse there. Probed when the nodes are this machine (~20 ms, once per process); on a remote
+    cluster the job probes each node at its start and prints the result in its log."""
+    if not runs_policy_code(spec):
+        return None, []
+    from hpc_grpo.cluster import isolation
+
+    key, setting = isolation.KEY, spec.recipe.grpo.code.isolation
+    if setting == "limits-only":
+        return (f"{isolation.describe('limits-only')} ({key}=limits-only)",
+                [warning(key, "limits-only: the model's code runs with your rights on the compute nodes (your "
+                         "files, ~/.netrc, the network): only resource limits bound it",
+                         f"set {key}=auto where the nodes have user namespaces")])
+    if not nodes_are_this_machine(spec):
+        return ("root or unprivileged user namespaces: probed at job start on each node (the job log prints the "
+                f"result); the reward refuses to run where neither works, unless {key}=limits-only"), []
+    found = isolation.probe()
+    if found.mode == "limits-only":
+        return "none: no namespaces on this machine (probed)", [error(key, *isolation.refusal_parts(found))]
+    return f"{isolation.describe(found.mode)} (probed on this machine)", []
+
+
 # ----------------------------------------------------------------------------------------- plan
 def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Plan:
     """All checks; the engine's own schema last (it is the slowest and needs verl's YAMLs)."""
@@ -486,6 +406,8 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Pl
     ]
     for check in checks:
         plan.findings.extend(check())
+    plan.code_isolation, found = check_code_isolation(spec)
+    plan.findings.extend(found)
     from hpc_grpo.planning.preflight import run_preflight  # the runs root's room (check_disk's job) is checked there
 
     plan.findings = run_preflight(spec, shape, plan.findings, for_submit)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from hpc_grpo.common.findings import READ_FIX, Finding, Severity, cannot_read, error, info, warning
 from hpc_grpo.planning.models import ModelShape
-from hpc_grpo.planning.plan import check_disk
+from hpc_grpo.planning.disk import check_disk
 from hpc_grpo.config.spec import RunSpec
 
 Make = Callable[[str, str, str], Finding]
@@ -351,7 +351,7 @@ def profiles_that_can(spec: RunSpec) -> list[str]:
     """Known cluster profiles on which this recipe, as asked, passes the resource checks."""
     from hpc_grpo.config import registry
     from hpc_grpo.common.findings import has_errors
-    from hpc_grpo.planning.plan import check_resources, layout_of
+    from hpc_grpo.planning.resources import check_resources, layout_of
     from hpc_grpo.config.resolve import load_raw
     from hpc_grpo.config.spec import Cluster
     from hpc_grpo.common.yamlio import SpecError

@@ -1,7 +1,8 @@
 """Execution reward for code generation, one module for both engines.
 
 A completion is scored by running its code against the problem's tests in the sandbox
-(hpc_grpo/job/code_sandbox.py: its own process, namespaces, uid and limits, killed at the end):
+(hpc_grpo/job/code_sandbox.py: its own process, namespaces and limits, killed at the end; without namespaces
+on the node it refuses to run unless grpo.code.isolation=limits-only: hpc_grpo.cluster.isolation.py):
 
     score = pass_weight * passed/total + style_weight * style      (style counted only if a test passed)
     score = -syntax_penalty * (1 - 0.5 * parsed share)             (the code does not compile)
@@ -11,6 +12,11 @@ so broken code is always below working-but-wrong code (0), and code that breaks 
 is penalised less (a gradient even for a model that cannot yet write Python). style is
 1 - 0.2 per linter finding (pyflakes, when installed), floored at 0. Hostile code passes no test
 and scores 0.
+
+The expected answers never enter the completion's process (hpc_grpo/rewards/code_tests.py): each assert is split
+into the call, which the sandbox runs and returns as plain data, and the check, which runs here. A test
+that cannot be split runs whole beside the code (a "weak" test, whose pass the code could forge): how
+many of a problem's tests ran so is in the report (CodeScore.weak, compute_score's weak_tests).
 
 The ground truth is one JSON string (verl's parquet column reward_model.ground_truth and trl's
 ground_truth column): {"tests": [...], "entry_point": "f", "setup": "...", "prompt_code": "..."};
@@ -33,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from hpc_grpo.cluster import isolation
+from hpc_grpo.rewards.code_tests import PlannedTests, judge, plan_for, plan_tests
 from hpc_grpo.rewards.gsm8k import completion_text
 
 __all__ = [
@@ -41,7 +49,9 @@ __all__ = [
     "CodeScore",
     "extract_code",
     "parse_ground_truth",
+    "run_sandbox",
     "run_tests",
+    "plan_of",
     "score_completion",
     "score_batch",
     "compute_score",
@@ -51,6 +61,10 @@ __all__ = [
 
 DATA_SOURCE = "hpc-grpo/codegen"
 SANDBOX = Path(__file__).resolve().parents[1] / "job" / "code_sandbox.py"
+# Loads the runner as a module, not as a script: Python compiles a script on every start (5-9 ms for the runner,
+# per completion) but reads a module's cached bytecode (__pycache__, written where the checkout is writable).
+_BOOT = ("import importlib.util as u,sys;s=u.spec_from_file_location('code_sandbox',sys.argv[1]);"
+         "m=u.module_from_spec(s);sys.modules['code_sandbox']=m;s.loader.exec_module(m);sys.exit(m.main())")
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _CODE_HINT = re.compile(r"^\s*(def |class |import |from |return\b|for |while |if |print\()|=|\(", re.M)
 
@@ -66,6 +80,7 @@ class RewardWeights:
     per_test_timeout: float = 1.0
     memory_mb: int = 1024
     max_procs: int = 32
+    isolation: str = "auto"  # grpo.code.isolation: auto | limits-only (hpc_grpo.cluster.isolation.py)
 
 
 @dataclass
@@ -73,12 +88,13 @@ class CodeScore:
     """One completion's score and why (kept in verl's reward_extra_info and in eval reports)."""
 
     score: float
-    kind: str  # passed | failed | syntax_error | no_code | timeout | program_error | crashed | sandbox_error
+    kind: str  # passed | failed | syntax_error | no_code | timeout | program_error | crashed | sandbox_error | report_too_large
     passed: int = 0
     total: int = 0
     style: float | None = None
     seconds: float = 0.0
     detail: dict[str, Any] = field(default_factory=dict)
+    weak: int = 0  # tests that ran whole beside the code (not split): their pass is reported from inside its process
 
 
 def extract_code(text: str) -> str | None:
@@ -145,57 +161,79 @@ def _program(code: str, gt: dict[str, Any]) -> str:
     return "\n".join(imports + [code]) if imports else code
 
 
-def _tests_for(gt: dict[str, Any]) -> list[Any]:
-    entry = gt.get("entry_point")
-    out = []
-    for t in gt["tests"]:
-        if isinstance(t, str) and "def check(" in t and entry:
-            out.append(t + f"\ncheck({entry})\n")
-        else:
-            out.append(t)
-    return out
+def plan_of(ground_truth: Any, gt: dict[str, Any] | None = None) -> PlannedTests:
+    """The problem's tests as the protocol runs them (split calls, weak snippets, stdin tests), cached on
+    the ground-truth text."""
+    if isinstance(ground_truth, bytes):
+        ground_truth = ground_truth.decode()
+    if isinstance(ground_truth, str):
+        return plan_tests(ground_truth)
+    return plan_for(gt if gt is not None else parse_ground_truth(ground_truth))
 
 
-def run_tests(code: str, gt: dict[str, Any], weights: RewardWeights = RewardWeights()) -> dict[str, Any]:
-    """Run the sandbox once (a fresh process) and return its JSON report."""
-    tests = _tests_for(gt)
-    job = {"code": code, "tests": tests, "setup": gt.get("setup", ""), "per_test_timeout": weights.per_test_timeout,
-           "memory_mb": weights.memory_mb, "max_procs": weights.max_procs}
+def run_sandbox(code: str, gt: dict[str, Any], plan: PlannedTests, weights: RewardWeights = RewardWeights()) -> dict[str, Any]:
+    """Run the sandbox once (a fresh process): its raw report, one outcome per test (nothing judged yet)."""
+    isolation.require(weights.isolation)  # IsolationRefused: auto, and this node gives the sandbox no namespaces
+    tests = [t.job for t in plan.tests]
+    job = {"code": code, "tests": tests, "setup": gt.get("setup", ""), "prelude": plan.prelude,
+           "per_test_timeout": weights.per_test_timeout, "memory_mb": weights.memory_mb, "max_procs": weights.max_procs,
+           "isolation": weights.isolation}
     outer = weights.per_test_timeout * (len(tests) + 2) + 10.0
-    proc = subprocess.Popen([sys.executable, "-I", "-S", str(SANDBOX)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd="/")
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOT, str(SANDBOX)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd="/",
+                            env=isolation.sandbox_env())
     try:
         out, err = proc.communicate(json.dumps(job).encode(), timeout=outer)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         proc.communicate()
-        return {"status": "sandbox_error", "passed": 0, "total": len(tests), "error": "runner timed out"}
-    try:
-        return json.loads(out.decode().strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"status": "sandbox_error", "passed": 0, "total": len(tests),
-                "error": (err.decode(errors="replace")[-300:] or f"runner exit {proc.returncode}")}
+        report: dict[str, Any] = {"status": "sandbox_error", "error": "runner timed out"}
+    else:
+        try:
+            report = json.loads(out.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            report = {"status": "sandbox_error",
+                      "error": (err.decode(errors="replace")[-300:] or f"runner exit {proc.returncode}")}
+    return report
+
+
+def run_tests(code: str, gt: dict[str, Any], weights: RewardWeights = RewardWeights(),
+              plan: PlannedTests | None = None) -> dict[str, Any]:
+    """Run the sandbox and judge its outputs here: the sandbox's report plus passed, total, weak and the
+    failed tests' numbers (its raw outputs are dropped)."""
+    plan = plan or plan_for(gt)
+    tests = plan.tests
+    report = run_sandbox(code, gt, plan, weights)
+    outcomes = report.pop("outcomes", None)
+    if not isinstance(outcomes, list) or len(outcomes) != len(tests):
+        outcomes = [None] * len(tests)  # a report of another shape counts nothing
+    passed = [judge(t, o) for t, o in zip(tests, outcomes)]
+    report.update(passed=sum(passed), total=len(tests), weak=plan.weak,
+                  failed=[i for i, ok in enumerate(passed, start=1) if not ok])
+    return report
 
 
 def score_completion(text: str, ground_truth: Any, weights: RewardWeights = RewardWeights()) -> CodeScore:
     """Score one completion's text against its ground truth (see the module docstring)."""
     gt = parse_ground_truth(ground_truth)
+    plan = plan_of(ground_truth, gt)
+    total, weak = len(plan.tests), plan.weak
     code = extract_code(text)
     if code is None:
-        return CodeScore(-weights.no_code_penalty, "no_code", total=len(gt["tests"]))
+        return CodeScore(-weights.no_code_penalty, "no_code", total=total, weak=weak)
     program = _program(code, gt)
     parsed = _syntax(program)
     if parsed is not None:
-        return CodeScore(-weights.syntax_penalty * (1.0 - 0.5 * parsed), "syntax_error", total=len(gt["tests"]),
+        return CodeScore(-weights.syntax_penalty * (1.0 - 0.5 * parsed), "syntax_error", total=total, weak=weak,
                          detail={"parsed_share": round(parsed, 3)})
-    report = run_tests(program, gt, weights)
-    passed, total = int(report.get("passed", 0)), int(report.get("total", len(gt["tests"])))
+    report = run_tests(program, gt, weights, plan)
+    passed = int(report["passed"])
     frac = passed / total if total else 0.0
     style = style_score(code) if weights.style_weight else None
     score = weights.pass_weight * frac + (weights.style_weight * style if style is not None and passed else 0.0)
     status = report.get("status", "ok")
     kind = ("passed" if passed == total else "failed") if status == "ok" else status
-    return CodeScore(score, kind, passed, total, style, float(report.get("seconds", 0.0)), report)
+    return CodeScore(score, kind, passed, total, style, float(report.get("seconds", 0.0)), report, weak=weak)
 
 
 def score_batch(texts: Sequence[str], ground_truths: Sequence[Any], weights: RewardWeights = RewardWeights(),
@@ -213,11 +251,13 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
                   **reward_kwargs: Any) -> dict[str, Any]:
     """verl's custom reward function (reward.custom_reward_function.name=compute_score). verl calls it
     once per response from a thread pool, so calls run in parallel. reward_kwargs: RewardWeights fields.
-    Returns verl's dict form: 'score' plus extra info verl logs."""
+    Returns verl's dict form: 'score' plus extra info verl logs (weak_tests: the problem's tests that ran
+    unsplit, whose pass the code could forge)."""
     known = {k: v for k, v in reward_kwargs.items() if k in RewardWeights.__dataclass_fields__}
     result = score_completion(solution_str, ground_truth, RewardWeights(**known))
     return {"score": float(result.score), "passed": result.passed, "total": result.total,
-            "syntax_error": float(result.kind == "syntax_error"), "timeout": float(result.kind == "timeout")}
+            "syntax_error": float(result.kind == "syntax_error"), "timeout": float(result.kind == "timeout"),
+            "weak_tests": result.weak}
 
 
 def make_trl_code_reward(weights: RewardWeights = RewardWeights(), workers: int | None = None) -> Callable[..., list[float]]:

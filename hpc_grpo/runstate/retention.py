@@ -531,36 +531,6 @@ def summary(result: PruneResult) -> str:
     return f"prune: kept steps {kept or '-'}, {verb} {gone or '-'}{extra} ({fmt_bytes(result.freed_bytes)}){errs}"
 
 
-def cli_prune(run: str | None, all_runs: bool, *, dry_run: bool, max_bytes: str | None = None,
-              **overrides: Any) -> list[PruneResult]:
-    """`hpc-grpo prune-ckpts`: one run (by name, folder, or the newest), or all of them."""
-    from hpc_grpo.config.resolve import load_frozen
-    from hpc_grpo.runstate.runs import find_runs
-    from hpc_grpo.config.spec import parse_size
-    from hpc_grpo.commands.status import locate_run, runs_roots
-    from hpc_grpo.common.yamlio import SpecError
-
-    if all_runs and run:
-        raise SpecError(f"give a run ({run!r}) or --all, not both", key="run")
-    if max_bytes is not None:
-        try:
-            overrides["max_bytes"] = parse_size(max_bytes)
-        except ValueError as exc:
-            raise SpecError(f"--max-bytes {max_bytes!r} {exc}", key="max_bytes") from None
-    if overrides.get("keep_best") is not None:
-        from hpc_grpo.config.spec import KEEP_BEST_RE
-
-        if not KEEP_BEST_RE.match(overrides["keep_best"]):
-            raise SpecError(f"--keep-best {overrides['keep_best']!r}: use METRIC, METRIC:max or METRIC:min", key="keep_best")
-    dirs = find_runs(runs_roots()) if all_runs else [locate_run(run)]
-    results = []
-    for d in dirs:
-        spec = load_frozen(layout.spec_file(d))
-        policy = Policy.from_recipe(spec.recipe.checkpoint, **overrides)
-        results.append(prune_run(d, spec.recipe.engine, policy, dry_run=dry_run))
-    return results
-
-
 def job_prune(run_dir: Path, when: str, log: Any = print, lock_timeout_s: float = 120.0,
               **overrides: Any) -> PruneResult | None:
     """Apply the run's policy from inside a job (start, after a save, end). Never fails the job: a busy lock or a

@@ -18,6 +18,7 @@ from typing import Any
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout
 from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.config.steps import total_steps as from_recipe
 
 
 
@@ -46,8 +47,6 @@ def total_steps(spec: RunSpec, newest: ck.Checkpoint | None) -> tuple[int | None
     recorded = ck.recorded_total_steps(newest) if newest is not None else None
     if recorded:
         return recorded, f"{ck.TRAINER_STATE} max_steps"
-    from hpc_grpo.commands.monitor import total_steps as from_recipe
-
     total, estimated = from_recipe(spec, None)
     return total, ("epochs x rows / batch" if estimated else "train.total_training_steps")
 

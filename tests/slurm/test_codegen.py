@@ -9,6 +9,7 @@ land there unchanged: the test runs the recipe exactly as a user would, no data 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -42,6 +43,8 @@ def test_tiny_codegen_trains_on_slurm(env: Env) -> None:
     text = log.read_text() if log.exists() else "no log"
     print(f"tiny-codegen on slurm-dev: job {job_id} {info.state} after {time.monotonic() - t0:.1f}s")
     assert info.state == "COMPLETED", (info, text[-3000:])
+    # the job says at its start which isolation the reward's sandbox got on its node (probed there)
+    assert re.search(r"code sandbox on \S+: (namespaces\+uid|userns) .*\(probed; grpo\.code\.isolation=auto\)", text), text[:3000]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 5))
     assert all(isinstance(r.get("reward"), float) for r in rows), rows
@@ -61,4 +64,4 @@ def test_tiny_codegen_trains_on_slurm(env: Env) -> None:
     assert [m["label"] for m in report["models"]] == ["base", "policy"]
     for m in report["models"]:
         assert m["problems"] == 2 and 0.0 <= m["pass@1"] <= 1.0
-        assert m["isolation"] == "namespaces+uid" or m["isolation"] is None
+        assert m["isolation"] in ("namespaces+uid", "userns", None)

@@ -94,6 +94,7 @@ RECIPES = {
 }
 # What node 0's log (the driver, with verl's actors' output) must show before the GPU step.
 MILESTONES = [
+    ("the code sandbox's isolation, probed on the node", re.compile(r"code sandbox on \S+: (namespaces\+uid|userns) ")),
     ("the job's Ray head and every node", re.compile(r"all 2 node\(s\) joined; starting the driver")),
     ("validate_config", re.compile(r"\[validate_config\] All configuration checks passed successfully!")),
     ("ray.init against the job's Ray", re.compile(r"Connected to Ray cluster")),

@@ -67,7 +67,7 @@ def test_submit_eval_runs_without_the_callers_slurm_variables(isolated: Path, mo
         return Job()
 
     monkeypatch.setattr(submit.TemplateSlurmExecutor, "submit", fake_submit)
-    sub = evaluate.submit_eval(spec, evaluate.job_argv(spec.path), after="77")
+    sub = submit.submit_eval(spec, evaluate.job_argv(spec.path), after="77")
     assert sub.job_id == "501"
     assert "SLURM_JOB_ID" not in seen and "SLURM_NODELIST" not in seen
     assert seen["SLURM_CONF"] == "/etc/slurm-test.conf" and seen["extra"] == [("dependency", "afterany:77")]

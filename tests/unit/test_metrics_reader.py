@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo.cli import app as cli
+from hpc_grpo.cli.watch_cmds import print_training_summary
 from hpc_grpo.commands import monitor, report, status
 from hpc_grpo.runstate import retention as prune, runs
 from hpc_grpo.launch import render
@@ -103,7 +104,7 @@ def test_verl_file_logger_rows_reach_report_status_and_prune(isolated: Path, mon
     assert "no step logged yet" not in text and "Last step: 6" in text
     assert "Latest (step 6): reward 0.56   kl 0.006   grad_norm 0.005   response_length 294" in text
 
-    cli.print_training_summary(run)
+    print_training_summary(run)
     table = capsys.readouterr().out
     assert all(f"{verl_data(s)['critic/score/mean']:.4f}" in table for s in steps)
 

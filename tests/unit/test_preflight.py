@@ -173,7 +173,7 @@ def test_sizing_uses_the_shape_with_kept_plus_one(isolated) -> None:
     spec = resolve_spec("qwen2.5-7b-codegen", "a100-ib", ["checkpoint.keep_last=2", f"cluster.runs_root={isolated}"],
                         run_name="t")
     shape = resolve_shape(spec.recipe.model.path)
-    from hpc_grpo.planning.plan import checkpoint_gib
+    from hpc_grpo.planning.disk import checkpoint_gib
 
     one = checkpoint_gib(spec, shape)
     assert one and one > 50  # full fine-tuning of 7.6B parameters: weights + Adam

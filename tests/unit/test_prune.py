@@ -220,7 +220,8 @@ def test_cli_dry_run_json_and_table(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------------------- plan
 def test_plan_warns_when_what_retention_keeps_does_not_fit(tmp_path: Path) -> None:
-    from hpc_grpo.planning.plan import kept_checkpoints, run_plan
+    from hpc_grpo.planning.disk import kept_checkpoints
+    from hpc_grpo.planning.plan import run_plan
 
     base = [f"cluster.runs_root={tmp_path}", "train.total_training_steps=100", "checkpoint.save_freq=10"]
     spec = resolve_spec("qwen2.5-7b-codegen", "local", [*base, "checkpoint.keep_last=2", "checkpoint.keep_every=50",

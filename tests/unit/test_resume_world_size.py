@@ -22,7 +22,8 @@ from hpc_grpo.commands import status
 from hpc_grpo.job import prepare_resume as pr
 from hpc_grpo.launch.render import render_all, write_files
 from hpc_grpo.config.resolve import load_frozen, resolve_spec
-from hpc_grpo.commands.resume import WorldSizeMismatch, plan_resume
+from hpc_grpo.commands.resume import plan_resume
+from hpc_grpo.planning.world_size import WorldSizeMismatch
 from hpc_grpo.runstate import layout
 from tests import ckpt_trees as trees
 

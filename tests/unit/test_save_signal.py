@@ -1,5 +1,6 @@
-"""The trainer's side of save-on-signal (hpc_grpo.job.save_signal): the request file of this attempt only, USR2
-as a flag instead of death, SIGTERM held off only while a save is pending. Real signals, in a child process."""
+"""The trainer's side of save-on-signal (hpc_grpo.job.save_signal; its files: hpc_grpo.runstate.save_request): the
+request file of this attempt only, USR2 as a flag instead of death, SIGTERM held off only while a save is pending.
+Real signals, in a child process."""
 
 from __future__ import annotations
 
@@ -10,22 +11,23 @@ import textwrap
 from pathlib import Path
 
 from hpc_grpo.job import save_signal
+from hpc_grpo.runstate import save_request
 
 
 def test_request_file_counts_for_its_attempt_only(tmp_path: Path) -> None:
     state = save_signal.SaveOnSignal(tmp_path, attempt="41.0.100")
     assert not state.requested
-    save_signal.write_request(tmp_path, "41.0.99")  # an earlier attempt's request
+    save_request.write_request(tmp_path, "41.0.99")  # an earlier attempt's request
     assert not state.requested
-    save_signal.write_request(tmp_path, "41.0.100")
+    save_request.write_request(tmp_path, "41.0.100")
     assert state.requested and state.requested_at is not None
-    assert save_signal.read_request(tmp_path)["attempt"] == "41.0.100"
+    assert save_request.read_request(tmp_path)["attempt"] == "41.0.100"
 
 
 def test_marker_records_the_saved_step(tmp_path: Path) -> None:
     state = save_signal.SaveOnSignal(tmp_path, attempt="x")
     state.write_marker(tmp_path, 7, str(tmp_path / "checkpoint-7"))
-    marker = save_signal.read_marker(tmp_path)
+    marker = save_request.read_marker(tmp_path)
     assert marker["step"] == 7 and marker["checkpoint"].endswith("checkpoint-7") and state.saved_step == 7
 
 

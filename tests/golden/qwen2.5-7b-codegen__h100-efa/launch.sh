@@ -96,6 +96,7 @@ driver=(
   +reward.custom_reward_function.reward_kwargs.no_code_penalty=0.5
   +reward.custom_reward_function.reward_kwargs.per_test_timeout=1.0
   +reward.custom_reward_function.reward_kwargs.memory_mb=1024
+  +reward.custom_reward_function.reward_kwargs.isolation=auto
   +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RUN_ID=golden-82738dea
   +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_RESUME=allow
   +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_DIR=/runs/golden

@@ -1,0 +1,124 @@
+"""`hpc-grpo eval`, `eval-code` and `report`: scores and curves of a run, printed. What is scored where, and the
+checks on the options, are in hpc_grpo.commands.eval and hpc_grpo.commands.report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from hpc_grpo.cli.console import Table, out, print_json
+from hpc_grpo.cli.options import JsonT, RunT
+from hpc_grpo.runstate.layout import REPORT_FILE
+
+StepT = Annotated[Optional[list[int]], typer.Option("--step", help="checkpoint step (repeatable; default: newest)")]
+
+
+def print_eval_rows(results: list[dict[str, Any]]) -> None:
+    from hpc_grpo.evaluation.evaluate import table_rows
+
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{v:.1%}"
+
+    for result in results:
+        t = Table(title=f"Evaluation: {result.get('run_name') or result['model']}")
+        for col in ("", "model", "task", "n", "strict-match", "flexible-extract", "verl strict", "pass@1"):
+            t.add_column(col, overflow="fold")
+        for row in table_rows(result):
+            t.add_row(row["what"], row["model"], row["task"], str(row["n"]), pct(row["strict"]),
+                      pct(row["flexible"]), pct(row["verl"]), pct(row.get("pass@1")))
+        out.print(t)
+        rate = result.get("problems_per_s")
+        out.print(f"wall time {result['wall_time_s']:.1f} s, {rate if rate is not None else '-'} problems/s; "
+                  f"results: {result.get('path', '')}")
+
+
+def eval_json(outcome: Any) -> dict[str, Any]:
+    """`eval --json`: the outcome with every result's scores, without the per-problem samples."""
+    return {"ran_here": outcome.ran_here, "job_id": outcome.job_id, "after": outcome.after,
+            "results": [{k: v for k, v in r.items() if k != "scores"} | {"scores": {
+                t: {k: v for k, v in s.items() if k != "samples"} for t, s in r["scores"].items()}}
+                for r in outcome.results]}
+
+
+def eval_cmd(
+    run: RunT = None,
+    step: StepT = None,
+    all_kept: Annotated[bool, typer.Option("--all-kept", help="every complete checkpoint")] = False,
+    tasks: Annotated[Optional[str], typer.Option("--tasks", help="gsm8k,gsm8k_cot,humaneval (default: the recipe's)")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="first K test problems")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", help="evaluate this HF model folder instead")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="with --model: output folder")] = None,
+    here: Annotated[Optional[bool], typer.Option("--here/--submit", help="run in this shell or as a Slurm job "
+                                                 "(default: here on cluster=local)")] = None,
+    test_file: Annotated[Optional[Path], typer.Option("--test-file", help="with --model: GSM8K test jsonl")] = None,
+    train_file: Annotated[Optional[Path], typer.Option("--train-file", help="with --model: GSM8K train jsonl")] = None,
+    num_fewshot: Annotated[Optional[int], typer.Option("--num-fewshot", min=0, help="with --model")] = None,
+    max_gen_toks: Annotated[Optional[int], typer.Option("--max-gen-toks", min=1, help="with --model")] = None,
+    as_json: JsonT = False,
+) -> None:
+    """Score a run's checkpoint(s) on GSM8K with lm-eval (beside the base model), or any model with --model."""
+    from hpc_grpo.commands.eval import model_eval, run_eval
+
+    task_list = [t for t in tasks.split(",") if t] if tasks else None
+    if model is not None:
+        outcome = model_eval(model, out_dir, task_list, limit, train_file, test_file, num_fewshot, max_gen_toks)
+    else:
+        outcome = run_eval(run, list(step or []), all_kept, task_list, limit, here)
+    if as_json:
+        print_json(eval_json(outcome))
+        return
+    if not outcome.ran_here:
+        from hpc_grpo.evaluation.evaluate import dependency
+
+        dep = f" ({dependency(outcome.after)}, evaluates only if the run is trained)" if outcome.after else ""
+        out.print(f"Eval job {outcome.job_id}{dep} queued; log: {outcome.log}")
+        from hpc_grpo.runstate.layout import eval_dir
+
+        out.print(f"Results will be in {eval_dir(outcome.run_dir)}, one file per step; see them with: "
+                  f"hpc-grpo report {outcome.run_dir}")
+        return
+    print_eval_rows(outcome.results)
+
+
+def report(
+    run: RunT = None,
+    png: Annotated[Optional[Path], typer.Option("--png", help=f"where to write the figure (default: RUN/{REPORT_FILE})")] = None,
+) -> None:
+    """Training curves (reward, KL, response length, entropy) and GSM8K accuracy per step: a PNG and a summary."""
+    from hpc_grpo.commands import report as report_mod
+    from hpc_grpo.commands.status import locate_run
+
+    run_dir = locate_run(run)
+    rep = report_mod.build(run_dir)
+    for line in rep.summary():
+        out.print(line)
+    path = report_mod.draw(rep, report_mod.figure_path(run_dir, png))
+    out.print(f"Figure: {path}")
+
+
+def eval_code(
+    run: Annotated[Optional[str], typer.Argument(help="a finished run's name or folder: its base model and its "
+                                                 "trained policy")] = None,
+    model: Annotated[Optional[str], typer.Option(help="evaluate this model folder instead of a run")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="first N HumanEval problems (default: all 164)")] = None,
+    n: Annotated[int, typer.Option(help="samples per problem (sampled when > 1)")] = 1,
+    k: Annotated[Optional[list[int]], typer.Option(help="pass@k to report (k <= n; repeatable)")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="tokens per sample")] = 512,
+    temperature: Annotated[float, typer.Option(help="sampling temperature when n > 1")] = 0.8,
+    json_out: Annotated[Optional[Path], typer.Option("--json-out", help="also write the report here")] = None,
+) -> None:
+    """HumanEval pass@1 / pass@k through the sandboxed executor, base model beside the policy of a run."""
+    from hpc_grpo.commands.eval import check_code_options, humaneval
+
+    ks = check_code_options(run, model, k, n)
+    report = humaneval(run, model, json_out, limit=limit, n=n, ks=ks, max_new_tokens=max_new_tokens,
+                       temperature=temperature)
+    t = Table(title="HumanEval")
+    for col in ("model", "problems", "n", *[f"pass@{x}" for x in ks], "outcomes"):
+        t.add_column(col)
+    for m in report["models"]:
+        t.add_row(m["label"], str(m["problems"]), str(m["n"]), *[f"{m.get(f'pass@{x}', float('nan')):.3f}" for x in ks],
+                  " ".join(f"{kk}={v}" for kk, v in sorted(m["outcomes"].items())))
+    out.print(t)

