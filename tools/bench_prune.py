@@ -55,11 +55,11 @@ def build(run: Path, n: int, world: int, payload: int) -> None:
 
 
 def time_prune(run: Path, workers: int) -> tuple[float, int]:
-    from hpc_grpo.runstate import retention as prune
+    from hpc_grpo.runstate import prune, retention
 
     prune.WORKERS = workers
     t0 = time.perf_counter()
-    result = prune.prune_run(run, "verl", prune.Policy(keep_last=1, grace_s=0))
+    result = prune.prune_run(run, "verl", retention.Policy(keep_last=1, grace_s=0))
     dt = time.perf_counter() - t0
     assert not result.errors, result.errors[:3]
     return dt, sum(not v.keep for v in result.verdicts)
@@ -76,10 +76,10 @@ def time_rm(run: Path, keep: str) -> float:
 LIST_PROBE = """
 import sys, time, json
 t0 = time.perf_counter()
-from hpc_grpo.runstate import retention as prune
+from hpc_grpo.runstate import prune, retention
 t1 = time.perf_counter()
 c1 = time.process_time()
-r = prune.prune_run(sys.argv[1], "verl", prune.Policy(keep_last=3, keep_every=100, grace_s=0), dry_run=True)
+r = prune.prune_run(sys.argv[1], "verl", retention.Policy(keep_last=3, keep_every=100, grace_s=0), dry_run=True)
 t2 = time.perf_counter()
 cpu = time.process_time() - c1
 from hpc_grpo.runstate import checkpoints

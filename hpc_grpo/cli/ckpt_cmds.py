@@ -92,7 +92,7 @@ def prune_ckpts(
 
 
 def print_prune(result: Any) -> None:
-    from hpc_grpo.runstate.retention import fmt_bytes
+    from hpc_grpo.runstate.prune import fmt_bytes
 
     t = Table(title=f"{result.run_dir.name}: checkpoints ({result.engine})" + (" [dry run]" if result.dry_run else ""))
     for col in ("step", "size", "complete", "verdict", "because"):

@@ -58,7 +58,8 @@ def eval_cmd(
     max_gen_toks: Annotated[Optional[int], typer.Option("--max-gen-toks", min=1, help="with --model")] = None,
     as_json: JsonT = False,
 ) -> None:
-    """Score a run's checkpoint(s) on GSM8K with lm-eval (beside the base model), or any model with --model."""
+    """Score a run's checkpoint(s) on its eval.tasks (GSM8K with lm-eval, HumanEval pass@1 in the sandbox) beside
+    the base model, or any model with --model."""
     from hpc_grpo.commands.eval import model_eval, run_eval
 
     task_list = [t for t in tasks.split(",") if t] if tasks else None

@@ -57,9 +57,19 @@ def print_plan(plan: Any) -> None:
         if sched.step_s:
             out.print(f"  ~{sched.step_s:.0f} s per step (rough, calibrated on field report 004): ~{sched.steps_in_time_limit} "
                       f"steps fit in resources.time {r.resources.time}")
+    print_eval_plan(spec)
     out.print(f"Engine schema: {plan.schema_checked}")
     print_code_isolation(plan)
     print_findings(plan.findings)
+
+
+def print_eval_plan(spec: Any) -> None:
+    """Which tasks the evaluation after training runs, and where (evaluation.evaluate.summary)."""
+    from rich.markup import escape
+
+    from hpc_grpo.evaluation.evaluate import describe, summary
+
+    out.print(f"[bold]Evaluation[/]: {escape(describe(summary(spec)))}")
 
 
 def print_code_isolation(plan: Any) -> None:
@@ -71,6 +81,8 @@ def print_code_isolation(plan: Any) -> None:
 def plan_json(plan: Any) -> dict[str, Any]:
     from dataclasses import asdict
 
+    from hpc_grpo.evaluation.evaluate import summary
+
     return {
         "run_name": plan.spec.run_name,
         "run_dir": plan.spec.run_dir,
@@ -81,6 +93,7 @@ def plan_json(plan: Any) -> dict[str, Any]:
             "fits": plan.memory.fits, "largest_term": plan.memory.largest_term, "phases": plan.memory.phase_gib(),
             "peak_phase": plan.memory.peak_phase},
         "schedule": None if plan.schedule is None else plan.schedule.as_dict(),
+        "eval": summary(plan.spec),
         "schema": plan.schema_checked,
         "code_isolation": plan.code_isolation,
         "findings": [f.as_dict() for f in plan.findings],
@@ -116,6 +129,9 @@ def print_submitted(submission: Any, spec: Any, wait: bool | None) -> None:
     from hpc_grpo.commands.watch import waits_by_default
 
     out.print(f"Job: {submission.job_id} ({submission.executor})")
+    if submission.eval is not None:
+        out.print(f"Eval job: {submission.eval.job_id} (afterany {submission.job_id})")
+    print_eval_plan(spec)
     out.print(f"Follow it: hpc-grpo status {spec.run_name}    logs: {submission.log_hint}")
     if wait is None:
         wait = waits_by_default(spec)
@@ -175,6 +191,7 @@ def submit(
     print_code_isolation(result)
     if dry_run:
         print_findings(result.findings)
+        print_eval_plan(spec)
         out.print(f"Would create {spec.run_dir} with:")
         for rel in files:
             out.print(f"  {rel}")

@@ -1,12 +1,10 @@
 """The one module through which every Slurm command goes.
 
 Why one place: every call gets a timeout (a hung slurmctld must not hang the CLI), every failure becomes one
-exception type that names the command and Slurm's own message, and the quirks of each command's output live
-next to each other instead of spread over the code base. Stdlib only: `hpc-grpo status` must answer instantly.
-
-Output formats: `sacct` has `--parsable2`; `sinfo` and `squeue` do not (22.05 rejects it), so they get an explicit
-`-o`/`-O` format with `|` between fields and `--noheader`. The `parse_*` helpers are pure functions of that text
-(unit-tested on sample output without a cluster).
+exception type that names the command and Slurm's own message, and each command sits next to the output format
+it asks for. Their output is read by hpc_grpo.cluster.slurm_output (pure parsers, with the records they return),
+the meaning of job states is hpc_grpo.cluster.states, #SBATCH options are hpc_grpo.cluster.sbatch. Stdlib only:
+`hpc-grpo status` must answer instantly.
 
 Environment: clients find the cluster through SLURM_CONF when it is not the system one (the slurm-dev cluster:
 `source .slurm-dev/env.sh`).
@@ -19,43 +17,41 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+
+from hpc_grpo.cluster.slurm_output import (
+    Attempt,
+    JobInfo,
+    NodeShape,
+    PartitionLimits,
+    parse_assoc,
+    parse_attempts,
+    parse_config_value,
+    parse_node_addrs,
+    parse_node_shapes,
+    parse_sacct,
+    parse_sinfo,
+    parse_squeue,
+)
+from hpc_grpo.common.slurm_time import parse_duration
 
 __all__ = [
-    "LIVE_STATES",
-    "Attempt",
-    "JobInfo",
-    "PartitionLimits",
     "SlurmError",
-    "available",
-    "NodeShape",
     "associations",
+    "available",
     "batch_script",
     "cancel",
     "cluster_name",
-    "hostnames",
-    "node_addresses",
-    "parse_node_addrs",
     "gpu_query",
-    "parse_assoc",
-    "parse_config_value",
-    "parse_node_shapes",
-    "partition_nodes",
-    "test_only",
-    "is_live",
+    "hostnames",
     "job_attempts",
     "job_states",
-    "normalize_state",
-    "parse_attempts",
-    "parse_duration",
-    "parse_gres_gpus",
-    "parse_sacct",
-    "parse_sinfo",
-    "parse_squeue",
+    "node_addresses",
     "partition_limits",
+    "partition_nodes",
     "requeue",
     "sacct_states",
     "squeue_states",
+    "test_only",
     "time_left_s",
 ]
 
@@ -71,78 +67,12 @@ class SlurmError(RuntimeError):
         super().__init__(f"`{' '.join(cmd)}` failed{rc}: {message.strip() or 'no error message'}")
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionLimits:
-    """What one partition offers per node, so a plan can be checked before it reaches the queue."""
-
-    name: str
-    nodes: int
-    cpus_per_node: int
-    gpus_per_node: int
-    mem_per_node_mb: int
-    max_time_min: int | None  # None: no limit
-    gpu_type: str | None = None  # e.g. "a100" when gres names a type, else None
-
-
-@dataclass(frozen=True, slots=True)
-class NodeShape:
-    """One node of a partition as sinfo -N reports it: what a single job step can get there."""
-
-    name: str
-    cpus: int
-    gpus: int
-    mem_mb: int
-    gpu_type: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class JobInfo:
-    """One allocation's state as squeue (live or recently finished) or sacct (history) reports it."""
-
-    job_id: str
-    state: str  # normalized: "CANCELLED by 0" -> "CANCELLED"
-    elapsed: str  # as Slurm prints it ("0:04", "1-02:03:04"); elapsed_s for seconds
-    exit_code: str  # "code:signal" as sacct prints it ("0:0", "3:0", "0:9"); "" if unknown
-    nodelist: str  # "node[1-2]"; "" while pending
-    reason: str  # "None", "Resources", "BeginTime", ...
-    source: str = "squeue"  # "squeue" or "sacct"
-
-    @property
-    def elapsed_s(self) -> int | None:
-        return parse_duration(self.elapsed)
-
-    @property
-    def live(self) -> bool:
-        return is_live(self.state)
-
-
-# States in which a job still holds, or will again hold, an allocation: its run must not be started twice.
-# PREEMPTED is not here: a job requeued by preemption goes RUNNING -> PENDING in squeue (measured, 22.05), and a
-# PREEMPTED row from sacct is either an earlier allocation or a job preempted with PreemptMode=CANCEL (final).
-LIVE_STATES: frozenset[str] = frozenset(
-    {
-        "PENDING",
-        "RUNNING",
-        "REQUEUED",
-        "REQUEUE_HOLD",
-        "REQUEUE_FED",
-        "CONFIGURING",
-        "COMPLETING",
-        "SUSPENDED",
-        "RESIZING",
-        "STOPPED",
-        "SIGNALING",
-        "STAGE_OUT",
-        "RESV_DEL_HOLD",
-        "SPECIAL_EXIT",
-        "POWER_UP_NODE",
-    }
-)
-
 _JOB_ID = re.compile(r"^\d+(?:[_+]\d+)?$")
 _SQUEUE_FORMAT = "JobID:|,State:|,TimeUsed:|,exit_code:|,NodeList:|,Reason:|"
 _SACCT_FIELDS = "JobID,State,Elapsed,ExitCode,NodeList,Reason"
 _SINFO_FORMAT = "%P|%D|%c|%G|%m|%l"
+_ATTEMPT_FIELDS = "JobID,State,Elapsed,ExitCode,NodeList,Reason,Start,End"
+_NODES_FORMAT = "%N|%c|%G|%m"
 
 
 # ------------------------------------------------------------------------------------------------------ running
@@ -191,170 +121,6 @@ def _check_ids(job_ids: list[str]) -> list[str]:
             raise ValueError(f"not a Slurm job id: {j!r} (expected digits, optionally _N or +N)")
         if j not in out:
             out.append(j)
-    return out
-
-
-# ------------------------------------------------------------------------------------------------------ parsing
-
-
-def parse_duration(text: str) -> int | None:
-    """Seconds in a Slurm time string; None for no limit or unknown.
-
-    Slurm prints "M:SS", "H:MM:SS", "D-HH:MM:SS" and accepts "M" (minutes), "D-H", "D-H:M" on input.
-    """
-    t = text.strip()
-    if not t or t.upper() in {"INFINITE", "UNLIMITED", "NONE", "N/A", "(NULL)", "INVALID", "UNKNOWN"}:
-        return None
-    days = 0
-    if "-" in t:
-        d, _, t = t.partition("-")
-        if not d.isdigit():
-            raise ValueError(f"not a Slurm time: {text!r}")
-        days = int(d)
-        parts = t.split(":")
-        if len(parts) == 1:  # D-H
-            parts = [parts[0], "0", "0"]
-        elif len(parts) == 2:  # D-H:M
-            parts = [*parts, "0"]
-    else:
-        parts = t.split(":")
-        if len(parts) == 1:  # M
-            parts = ["0", parts[0], "0"]
-        elif len(parts) == 2:  # M:S
-            parts = ["0", *parts]
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
-        raise ValueError(f"not a Slurm time: {text!r}")
-    h, m, s = (int(p) for p in parts)
-    return ((days * 24 + h) * 60 + m) * 60 + s
-
-
-def parse_gres_gpus(gres: str) -> tuple[int, str | None]:
-    """(GPUs per node, GPU type or None) from a gres string such as "gpu:4", "gpu:a100:8(S:0-1),shard:8"."""
-    total = 0
-    gtype: str | None = None
-    # split on commas that are not inside parentheses ("gpu:a100:4(S:0-1)")
-    for item in re.split(r",(?![^()]*\))", gres.strip()):
-        item = re.sub(r"\(.*?\)", "", item).strip()
-        fields = item.split(":")
-        if fields[0] != "gpu" or len(fields) < 2:
-            continue
-        count = re.match(r"\d+", fields[-1])
-        if not count:
-            continue
-        total += int(count.group())
-        if len(fields) >= 3 and gtype is None:
-            gtype = fields[1]
-    return total, gtype
-
-
-def _leading_int(text: str) -> int:
-    m = re.match(r"\d+", text.strip())
-    return int(m.group()) if m else 0
-
-
-def normalize_state(state: str) -> str:
-    """The bare state word: "CANCELLED by 0" -> "CANCELLED", "cancelled+" -> "CANCELLED"."""
-    words = state.strip().split()
-    return words[0].rstrip("+").upper() if words else "UNKNOWN"
-
-
-def _exit_from_wait_status(text: str) -> str:
-    """squeue's exit_code is the raw wait status (768 = exit 3, 9 = signal 9); print it the way sacct does."""
-    t = text.strip()
-    if not t.isdigit():
-        return t if ":" in t else ""
-    st = int(t)
-    return f"{(st >> 8) & 0xFF}:{st & 0x7F}"
-
-
-def parse_sinfo(text: str, partition: str | None) -> PartitionLimits:
-    """PartitionLimits from `sinfo -h -o '%P|%D|%c|%G|%m|%l'` output.
-
-    A partition with different kinds of nodes prints several lines: nodes are added up and the per-node
-    numbers are the smallest ones, so a plan that fits them fits every node. `partition=None` picks the default
-    partition (the one sinfo marks with "*").
-    """
-    rows = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        f = line.split("|")
-        if len(f) < 6:
-            raise ValueError(f"unexpected sinfo line: {line!r}")
-        name = f[0].strip()
-        default = name.endswith("*")
-        name = name.rstrip("*")
-        if (partition is None and default) or name == partition:
-            rows.append((name, f))
-    if not rows:
-        what = f"partition {partition!r}" if partition else "default partition"
-        raise LookupError(f"sinfo reports no {what}")
-    name = rows[0][0]
-    nodes = sum(_leading_int(f[1]) for _, f in rows)
-    cpus = min(_leading_int(f[2]) for _, f in rows)
-    gpus_types = [parse_gres_gpus(f[3]) for _, f in rows]
-    gpus = min(g for g, _ in gpus_types)
-    gtype = next((t for _, t in gpus_types if t), None)
-    mem = min(_leading_int(f[4]) for _, f in rows)
-    limits = [parse_duration(f[5]) for _, f in rows]
-    max_s = None if any(v is None for v in limits) else max(v for v in limits if v is not None)
-    return PartitionLimits(
-        name=name,
-        nodes=nodes,
-        cpus_per_node=cpus,
-        gpus_per_node=gpus,
-        mem_per_node_mb=mem,
-        max_time_min=None if max_s is None else max_s // 60,
-        gpu_type=gtype,
-    )
-
-
-def parse_squeue(text: str) -> dict[str, JobInfo]:
-    """JobInfo per job from `squeue -h -O 'JobID:|,State:|,TimeUsed:|,exit_code:|,NodeList:|,Reason:|'`."""
-    out: dict[str, JobInfo] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        f = [x.strip() for x in line.split("|")]
-        if len(f) < 6:
-            raise ValueError(f"unexpected squeue line: {line!r}")
-        jid, state, elapsed, code, nodes, reason = f[:6]
-        out[jid] = JobInfo(
-            job_id=jid,
-            state=normalize_state(state),
-            elapsed=elapsed,
-            exit_code=_exit_from_wait_status(code),
-            nodelist="" if nodes in {"", "(null)"} else nodes,
-            reason=reason,
-            source="squeue",
-        )
-    return out
-
-
-def parse_sacct(text: str) -> dict[str, JobInfo]:
-    """JobInfo per allocation from `sacct --parsable2 --noheader -X -o JobID,State,Elapsed,ExitCode,NodeList,Reason`.
-
-    Step rows ("123.batch", "123.0") are skipped should -X be missing; with duplicate ids the last row wins.
-    """
-    out: dict[str, JobInfo] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        f = line.split("|")
-        if len(f) < 6:
-            raise ValueError(f"unexpected sacct line: {line!r}")
-        jid, state, elapsed, code, nodes, reason = (x.strip() for x in f[:6])
-        if "." in jid:
-            continue
-        out[jid] = JobInfo(
-            job_id=jid,
-            state=normalize_state(state),
-            elapsed=elapsed,
-            exit_code=code,
-            nodelist="" if nodes in {"", "None assigned", "(null)"} else nodes,
-            reason=reason,
-            source="sacct",
-        )
     return out
 
 
@@ -424,34 +190,6 @@ def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
     return found
 
 
-_ATTEMPT_FIELDS = "JobID,State,Elapsed,ExitCode,NodeList,Reason,Start,End"
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """One allocation of a job: a requeued job keeps its id and gets one row per start (sacct --duplicates)."""
-
-    info: JobInfo
-    start: str  # "2026-12-03T07:42:36", "Unknown" while pending
-    end: str
-
-
-def parse_attempts(text: str) -> dict[str, list[Attempt]]:
-    """Attempts per job, oldest first, from `sacct --parsable2 --noheader -X -D -o JobID,...,Start,End`."""
-    out: dict[str, list[Attempt]] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        f = line.split("|")
-        if len(f) < 8:
-            raise ValueError(f"unexpected sacct line: {line!r}")
-        (info,) = parse_sacct("|".join(f[:6])).values() or (None,)
-        if info is None:
-            continue
-        out.setdefault(info.job_id, []).append(Attempt(info, f[6].strip(), f[7].strip()))
-    return out
-
-
 def job_attempts(job_ids: list[str]) -> dict[str, list[Attempt]]:
     """Every allocation of each job (requeues, preemptions, time limits), oldest first; {} without accounting."""
     ids = _check_ids(job_ids)
@@ -460,11 +198,6 @@ def job_attempts(job_ids: list[str]) -> dict[str, list[Attempt]]:
     text = _run_or_none(["sacct", "--parsable2", "--noheader", "-X", "-D", "-j", ",".join(ids), "-o", _ATTEMPT_FIELDS],
                         none_when="accounting storage is disabled", timeout=30)
     return parse_attempts(text) if text is not None else {}
-
-
-def is_live(state: str) -> bool:
-    """True while the job holds or will hold an allocation again (pending, running, requeued, suspended...)."""
-    return normalize_state(state) in LIVE_STATES
 
 
 def batch_script(job_id: str) -> str:
@@ -502,21 +235,6 @@ def cancel(job_id: str, signal: str | None = None) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ preflight
-_NODES_FORMAT = "%N|%c|%G|%m"
-
-
-def parse_node_shapes(text: str) -> list[NodeShape]:
-    """NodeShape per node from `sinfo -N -h -o '%N|%c|%G|%m'` (a node listed twice, in two partitions, once)."""
-    out: dict[str, NodeShape] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        f = [x.strip() for x in line.split("|")]
-        if len(f) < 4:
-            raise ValueError(f"unexpected sinfo -N line: {line!r}")
-        gpus, gtype = parse_gres_gpus(f[2])
-        out.setdefault(f[0], NodeShape(f[0], _leading_int(f[1]), gpus, _leading_int(f[3]), gtype))
-    return list(out.values())
 
 
 def partition_nodes(partition: str | None) -> list[NodeShape]:
@@ -524,15 +242,6 @@ def partition_nodes(partition: str | None) -> list[NodeShape]:
     name = partition or partition_limits(None).name
     args = ["sinfo", "-N", "--noheader", "-p", name, "-o", _NODES_FORMAT]
     return parse_node_shapes(_run(args))
-
-
-def parse_config_value(text: str, key: str) -> str | None:
-    """One value from `scontrol show config` output ("ClusterName             = hpcgrpo-dev")."""
-    for line in text.splitlines():
-        name, sep, value = line.partition("=")
-        if sep and name.strip().lower() == key.lower():
-            return value.strip() or None
-    return None
 
 
 def cluster_name() -> str | None:
@@ -551,17 +260,6 @@ def _cluster_name(_conf: str) -> str | None:
         return parse_config_value(_run(["scontrol", "show", "config"], timeout=10), "ClusterName")
     except SlurmError:
         return None
-
-
-def parse_assoc(text: str) -> list[tuple[str, list[str]]]:
-    """(account, [qos, ...]) per association from `sacctmgr -nP show assoc ... format=Account,QOS`."""
-    out = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        account, _, qos = line.partition("|")
-        out.append((account.strip(), [q.strip() for q in qos.split(",") if q.strip()]))
-    return out
 
 
 def associations(user: str, cluster: str | None = None) -> list[tuple[str, list[str]]] | None:
@@ -620,20 +318,11 @@ def time_left_s(job_id: str) -> int | None:
 
 
 # ------------------------------------------------------------------------------------------------------ in the job
+
+
 def hostnames(nodelist: str) -> list[str]:
     """The node names of a hostlist expression (a job's SLURM_JOB_NODELIST, "node[1-4]"), in Slurm's order."""
     return _run(["scontrol", "show", "hostnames", nodelist], timeout=30).split()
-
-
-def parse_node_addrs(text: str) -> dict[str, str]:
-    """NodeName -> NodeAddr from `scontrol -o show node` (one node per line); a node without NodeAddr is left out."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
-        name, addr = fields.get("NodeName"), fields.get("NodeAddr")
-        if name and addr:
-            out[name] = addr
-    return out
 
 
 def node_addresses(names: list[str]) -> dict[str, str]:

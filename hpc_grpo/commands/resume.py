@@ -18,7 +18,9 @@ from typing import Any
 
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout, runs
-from hpc_grpo.config.spec import RunSpec, canonical_key, redact, secret_error, secret_in
+from hpc_grpo.config.keys import canonical_key
+from hpc_grpo.config.secrets import redact, secret_error, secret_in
+from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.planning.world_size import check_world_size
 from hpc_grpo.common.yamlio import SpecError, parse_scalar
 

@@ -9,12 +9,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.cluster import states
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.config import registry
 from hpc_grpo.runstate import layout, runs, trained
 from hpc_grpo.runstate import metrics as engine_metrics
 from hpc_grpo.config.resolve import load_frozen, load_raw
-from hpc_grpo.config.spec import Cluster, RunSpec
+from hpc_grpo.config.cluster import Cluster
+from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.common.yamlio import SpecError
 
 
@@ -75,11 +77,6 @@ class Restart:
     cause: str  # "time limit", "preemption", "requeue (scontrol requeue: SIGTERM, no save)", "node failure", ...
     resumed_step: int | None
     detail: str = ""
-
-
-# sacct's state of an allocation that ended in a restart -> the cause people recognise
-CAUSES = {"TIMEOUT": "time limit", "PREEMPTED": "preemption", "NODE_FAIL": "node failure",
-          "REQUEUED": "requeue", "BOOT_FAIL": "node failure (boot)", "DEADLINE": "deadline"}
 
 
 @dataclass
@@ -198,14 +195,14 @@ def restarts(history: list[runs.HistoryEntry], events: list[runs.HistoryEntry],
         starts = {int(e.data.get("restart_count", 0)): e for e in events if e.job_id == job_id and e.purpose == "start"}
         for k, alloc in enumerate(allocs[:-1]):
             state = alloc.info.state
-            cause = CAUSES.get(state, state.lower())
+            cause = states.RESTART_CAUSES.get(state, state.lower())
             note = next((n.note for n in notes if _within(n.time, alloc.start, alloc.end)), "")
             if state == "REQUEUED":
                 low = note.lower()
                 if "preempt" in low:
-                    cause = "preemption"
-                elif "time limit" in low or "timeout" in low:
-                    cause = "time limit"
+                    cause = states.PREEMPTION
+                elif states.TIME_LIMIT in low or "timeout" in low:
+                    cause = states.TIME_LIMIT
                 elif note:
                     cause = "requeue on a signal"
                 else:

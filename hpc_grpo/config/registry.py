@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hpc_grpo.config.spec import check_name
+from hpc_grpo.config.fields import check_name
 from hpc_grpo.common.yamlio import SpecError
 
 _PACKAGE = Path(__file__).resolve().parents[1]

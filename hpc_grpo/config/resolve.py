@@ -17,19 +17,11 @@ from pydantic import ValidationError
 from hpc_grpo import __version__
 from hpc_grpo.config import registry
 from hpc_grpo.engines.verl_keys import is_engine_key, real_key_for
-from hpc_grpo.config.spec import (
-    ACCEPTED_ALIASES,
-    Cluster,
-    Recipe,
-    RunSpec,
-    Setup,
-    canonical_key,
-    check_name,
-    default_run_name,
-    secret_error,
-    secret_in,
-    validation_error,
-)
+from hpc_grpo.config.cluster import Cluster, Setup
+from hpc_grpo.config.fields import check_name
+from hpc_grpo.config.keys import ACCEPTED_ALIASES, canonical_key, validation_error
+from hpc_grpo.config.secrets import secret_error, secret_in
+from hpc_grpo.config.spec import Recipe, RunSpec, default_run_name
 from hpc_grpo.common.yamlio import SpecError, load_yaml_file, parse_scalar
 
 DEFAULT_CLUSTER = "local"
@@ -53,7 +45,7 @@ def _origins(path: Path, lines: dict[str, int]) -> dict[str, str]:
 
 
 def _rename_aliases(data: dict[str, Any], where: dict[str, str]) -> None:
-    """Rename accepted old key names in one file's data to their new names (spec.ACCEPTED_ALIASES), before files
+    """Rename accepted old key names in one file's data to their new names (keys.ACCEPTED_ALIASES), before files
     are merged, so a recipe's `keep` overrides its parent's `keep_last` as `keep_last` would."""
     for alias, target in ACCEPTED_ALIASES.items():
         *parents, last = alias.split(".")

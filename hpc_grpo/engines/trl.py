@@ -208,8 +208,8 @@ class TrlEngine:
         )
 
     def check(self, spec: RunSpec) -> list[Finding]:
-        """What trl cannot do with this recipe. plan.check_batches already checks the generation
-        batch against batch.micro_per_gpu and nodes > 1; those are not repeated here."""
+        """What trl cannot do with this recipe, its batch layout included (verl's batch rules, engines.verl_checks,
+        skip trl). nodes > 1 is refused by plan's resource check (planning.resources), not repeated here."""
         return [
             *_check_backend(spec),
             *_check_rollout(spec),

@@ -1,4 +1,8 @@
-"""GSM8K evaluation, login-node side: what to evaluate, where the data is, the eval job, and reading results.
+"""Evaluation after training, login-node side: what to evaluate, where the data is, the eval job, reading results.
+
+Tasks: GSM8K (gsm8k, gsm8k_cot) through lm-eval on local files, HumanEval pass@1 (humaneval) through the training
+reward's sandbox. A recipe that does not set eval.tasks evaluates what its reward trains (config.spec.default_eval_tasks:
+code_exec -> humaneval, needing no GSM8K file; else gsm8k).
 (Queuing the eval job is launch's: hpc_grpo.launch.submit.submit_eval; `hpc-grpo eval` is hpc_grpo.commands.eval.)
 
 The evaluation runs as its own job (hpc_grpo/job/eval_job.py): on Slurm it is queued with
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.cluster import sbatch
 from hpc_grpo.config.spec import Resources, RunSpec
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.runstate import layout
@@ -80,20 +85,27 @@ class Placement:
 def eval_resources(spec: RunSpec) -> Placement:
     """Decide backend and GPUs of a run's evaluation.
 
-    Default: a GPU run (the training job has GPUs) evaluates with vLLM on as many GPUs as one training node has,
-    tensor parallel eval.tp else parallel.rollout_tp (the rollout already fits at that size), data-parallel
-    replicas over the rest; a CPU run uses hf on the CPU. eval.backend and eval.resources.gpus_per_node win when
-    set; settings that cannot all hold are a SpecError naming the key and the fix (plan reports it).
+    Default: a GPU run (the training job has GPUs) evaluates GSM8K with vLLM on as many GPUs as one training node
+    has, tensor parallel eval.tp else parallel.rollout_tp (the rollout already fits at that size), data-parallel
+    replicas over the rest; a CPU run uses hf on the CPU. HumanEval generates with transformers (hf) on one GPU,
+    so a run that evaluates only humaneval asks for one GPU, not the node. eval.backend and
+    eval.resources.gpus_per_node win when set; settings that cannot all hold are a SpecError naming the key and
+    the fix (plan reports it).
     """
     e = spec.recipe.eval
     train_gpus = spec.gpus_per_node
-    backend = e.backend or ("vllm" if train_gpus > 0 else "hf")
+    lm_eval = needs_gsm8k(e.tasks)  # only lm-eval's tasks run on vLLM
+    if e.backend == "vllm" and not lm_eval:
+        raise SpecError(f"eval.backend=vllm but no task of eval.tasks={list(e.tasks)} runs on vLLM (humaneval "
+                        "generates with transformers on one GPU): leave eval.backend unset or set it to hf",
+                        key="eval.backend")
+    backend = e.backend or ("vllm" if train_gpus > 0 and lm_eval else "hf")
     asked = e.resources.gpus_per_node
     if backend == "hf":
         gpus = min(train_gpus, 1) if asked is None else asked
         if gpus > 1:
-            raise SpecError(f"eval.resources.gpus_per_node={gpus} with eval.backend=hf: lm-eval's hf backend runs on "
-                            f"one GPU, so {gpus - 1} would sit idle; set eval.resources.gpus_per_node=1 (0: CPU) or "
+            raise SpecError(f"eval.resources.gpus_per_node={gpus} with eval.backend=hf: the hf backend (lm-eval's, and "
+                            f"HumanEval's generation) runs on one GPU, so {gpus - 1} would sit idle; set eval.resources.gpus_per_node=1 (0: CPU) or "
                             "eval.backend=vllm to use them all", key="eval.resources.gpus_per_node")
         return Placement("hf", gpus)
     gpus = train_gpus if asked is None else asked
@@ -283,6 +295,39 @@ def queued_after_training(spec: RunSpec) -> bool:
     return spec.recipe.eval.enabled and spec.cluster.scheduler == "slurm" and spec.cluster.restart != "chain"
 
 
+def summary(spec: RunSpec) -> dict[str, Any]:
+    """What the evaluation after training will run, for plan and submit to print: tasks, where it runs, its
+    placement, and whether it reads GSM8K files. Placement errors are plan's findings (check_eval), not raised."""
+    e = spec.recipe.eval
+    out: dict[str, Any] = {"enabled": e.enabled, "tasks": list(e.tasks), "limit": e.limit,
+                           "gsm8k_files": needs_gsm8k(e.tasks)}
+    if not e.enabled:
+        out["where"] = "off (eval.enabled=false); `hpc-grpo eval RUN` evaluates by hand"
+        return out
+    if queued_after_training(spec):
+        out["where"] = "a Slurm job queued afterany the training job (evaluates only if the run is trained)"
+    elif spec.cluster.scheduler == "local":
+        out["where"] = "in the training job, once training ended"
+    else:
+        out["where"] = ("not queued: cluster.restart=chain ends the first job by its time limit; "
+                        "`hpc-grpo eval RUN` once the last job has finished")
+    try:
+        p = eval_resources(spec)
+        out.update(backend=p.backend, gpus=p.gpus, device=p.device)
+    except SpecError:
+        pass
+    return out
+
+
+def describe(info: dict[str, Any]) -> str:
+    """summary() in one line: 'humaneval (first 4 problems) on hf, cpu, 0 GPU(s): <where>'."""
+    what = ", ".join(info["tasks"]) + (f" (first {info['limit']} problems)" if info.get("limit") else "")
+    if not info["enabled"]:
+        return f"{what}: {info['where']}"
+    on = f" on {info['backend']}, {info['device']}, {info['gpus']} GPU(s)" if "backend" in info else ""
+    return f"{what}{on}: {info['where']}"
+
+
 def eval_spec(spec: RunSpec) -> RunSpec:
     """The run's spec with the eval job's own resources (GPUs: eval_resources): the batch script is rendered from
     the same template."""
@@ -316,7 +361,7 @@ def dependency(after: str) -> str:
     checkpoint and then failed (field report 004: W&B's teardown) is trained, and afterok would never start the
     evaluation (its dependency can never be satisfied). Slurm keeps one job id across requeues and resolves the
     dependency at that job's final end; the eval job then decides itself (--if-trained, hpc_grpo.runstate.trained)."""
-    return f"afterany:{after}"
+    return sbatch.dependency(sbatch.AFTER_ANY, after)
 
 
 # ------------------------------------------------------------------------------------------- data

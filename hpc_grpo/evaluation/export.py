@@ -45,9 +45,9 @@ def cached_export(run_dir: Path, step: int) -> Path | None:
 
 @contextmanager
 def leased(run_dir: Path, engine: str, step: int) -> Iterator[ck.Checkpoint]:
-    """Checkpoint `step` held against pruning while it is read (a reader lease, hpc_grpo.runstate.retention.lease) and judged
+    """Checkpoint `step` held against pruning while it is read (a reader lease, hpc_grpo.runstate.leases.lease) and judged
     again under the lease: a prune may have removed it between the caller's listing and the lease."""
-    from hpc_grpo.runstate.retention import lease
+    from hpc_grpo.runstate.leases import lease
 
     with lease(run_dir, step):
         fresh = {c.step: c for c in ck.list_checkpoints(run_dir, engine)}.get(step)

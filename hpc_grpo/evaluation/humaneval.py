@@ -91,38 +91,49 @@ def score_samples(problems: Sequence[dict[str, Any]], samples: Sequence[Sequence
 
 
 def generate(model_path: str, prompts: list[list[dict[str, str]]], n: int, max_new_tokens: int,
-             temperature: float, adapter: str | None = None, seed: int = 0) -> list[list[str]]:
-    """n completions per chat prompt with transformers (CPU or one GPU); a LoRA adapter folder is applied with peft."""
+             temperature: float, adapter: str | None = None, seed: int = 0, device: str = "cpu",
+             batch_size: int = 1) -> list[list[str]]:
+    """n completions per chat prompt with transformers, `batch_size` prompts at a time (left-padded), on `device`
+    (the eval job's placement: "cuda" on a GPU job, in the checkpoint's own dtype; float32 on the CPU). A LoRA
+    adapter folder is applied with peft."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path)
+    tok.padding_side = "left"  # generation continues every row from its own last token
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto" if device == "cuda" else torch.float32)
     if adapter:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, adapter)
-    model.eval()
-    out = []
-    for chat in prompts:
-        ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-        sample = n > 1 and temperature > 0
+    model.to(device).eval()
+    sample = n > 1 and temperature > 0
+    out: list[list[str]] = []
+    for start in range(0, len(prompts), max(1, batch_size)):
+        chats = prompts[start:start + max(1, batch_size)]
+        texts = [tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) for chat in chats]
+        ids = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         with torch.no_grad():
             gen = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=sample, num_return_sequences=n,
                                  temperature=temperature if sample else None, top_p=None, top_k=None,
-                                 pad_token_id=tok.pad_token_id or tok.eos_token_id)
-        start = ids["input_ids"].shape[1]
-        out.append([tok.decode(g[start:], skip_special_tokens=True) for g in gen])
+                                 pad_token_id=tok.pad_token_id)
+        width = ids["input_ids"].shape[1]
+        rows = [tok.decode(g[width:], skip_special_tokens=True) for g in gen]
+        out.extend(rows[i * n:(i + 1) * n] for i in range(len(chats)))
     return out
 
 
 def evaluate_humaneval(model_path: str, adapter: str | None = None, label: str = "model", limit: int | None = None,
                        n: int = 1, ks: Sequence[int] = (1,), max_new_tokens: int = 512, temperature: float = 0.8,
-                       weights: RewardWeights = RewardWeights(per_test_timeout=3.0)) -> dict[str, Any]:
+                       weights: RewardWeights = RewardWeights(per_test_timeout=3.0), device: str = "cpu",
+                       batch_size: int = 1) -> dict[str, Any]:
     """pass@k of one model (optionally with a LoRA adapter) on the first `limit` HumanEval problems."""
     problems = load_humaneval(limit)
-    samples = generate(model_path, [make_prompt(p) for p in problems], n, max_new_tokens, temperature, adapter)
+    samples = generate(model_path, [make_prompt(p) for p in problems], n, max_new_tokens, temperature, adapter,
+                       device=device, batch_size=batch_size)
     result = score_samples(problems, samples, ks, weights)
     return {"label": label, "model": model_path, "adapter": adapter, "n": n, **result}
 
@@ -149,11 +160,14 @@ def evaluate_run(run_dir: str | Path, **kwargs: Any) -> dict[str, Any]:
 
 
 def task_scores(model_dir: str, limit: int | None = None, n: int = 1, ks: Sequence[int] = (1,),
-                max_new_tokens: int = 512, adapter: str | None = None, isolation: str = "auto") -> dict[str, Any]:
+                max_new_tokens: int = 512, adapter: str | None = None, isolation: str = "auto", device: str = "cpu",
+                batch_size: int = 1) -> dict[str, Any]:
     """The shape `hpc-grpo eval` (hpc_grpo/evaluation/evaluate.py) keeps per task: {"humaneval": {"pass@1": ..., "n": problems}}.
-    Its metric names for W&B and prune: humaneval/pass@k. isolation: the recipe's grpo.code.isolation."""
+    Its metric names for W&B and prune: humaneval/pass@k. isolation: the recipe's grpo.code.isolation; device and
+    batch_size: the eval job's placement."""
     r = evaluate_humaneval(model_dir, adapter=adapter, limit=limit, n=n, ks=ks, max_new_tokens=max_new_tokens,
-                           weights=RewardWeights(per_test_timeout=3.0, isolation=isolation))
+                           weights=RewardWeights(per_test_timeout=3.0, isolation=isolation), device=device,
+                           batch_size=batch_size)
     scores = {f"pass@{k}": r[f"pass@{k}"] for k in ks if f"pass@{k}" in r}
     return {"humaneval": {**scores, "n": r["problems"], "samples_per_problem": r["samples_per_problem"],
                           "outcomes": r["outcomes"], "isolation": r["isolation"], "tests": r["tests"],

@@ -113,7 +113,7 @@ def explain(run_dir: Path, run_name: str, engine: str) -> str:
 
 def report(run_dir: Path, message: str) -> None:
     """Make room (the reserve), then record the failure in the history; printing is the caller's."""
-    from hpc_grpo.job.job_env import job_identity
+    from hpc_grpo.cluster.job_env import job_identity
 
     release_reserve(run_dir)
     job_id, executor = job_identity()

@@ -1,4 +1,4 @@
-"""In-job side of the GSM8K evaluation: `python -m hpc_grpo.job.eval_job --run RUN_DIR [--step N | --all-kept]`
+"""In-job side of the evaluation (GSM8K through lm-eval, HumanEval through the code sandbox): `python -m hpc_grpo.job.eval_job --run RUN_DIR [--step N | --all-kept]`
 or `--model PATH [--out DIR]`.
 
 Queued after a training job (`--if-trained --after JOB`: Slurm starts it `afterany` that job, whatever its end),
@@ -24,7 +24,7 @@ from typing import Any
 
 from hpc_grpo.evaluation import evaluate, scoring
 from hpc_grpo.runstate import layout, runs
-from hpc_grpo.job.job_env import job_identity
+from hpc_grpo.cluster.job_env import job_identity
 from hpc_grpo.evaluation.evaluate import EvalSettings
 from hpc_grpo.common.atomic import write_json_atomic
 from hpc_grpo.config.spec import GSM8K_TASKS, RunSpec
@@ -70,7 +70,9 @@ def score_model(model_dir: str | Path, settings: EvalSettings, task_dir: Path) -
         log(f"humaneval: pass@1, {settings.limit or 'all'} problems, greedy")
         result["scores"].update(humaneval.task_scores(str(model_dir), limit=settings.limit,
                                                       max_new_tokens=settings.max_gen_toks or 512,
-                                                      isolation=settings.code_isolation))
+                                                      isolation=settings.code_isolation,
+                                                      device=settings.placement.device,
+                                                      batch_size=settings.batch_size))
         result["wall_time_s"] += time.time() - t0
     wall = result["wall_time_s"] = round(result["wall_time_s"], 3)
     n = sum(s["n"] for s in result["scores"].values())

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout, runs
 from hpc_grpo.common.atomic import write_text_atomic
-from hpc_grpo.job.job_env import job_identity, restart_count
+from hpc_grpo.cluster.job_env import job_identity, restart_count
 
 if TYPE_CHECKING:
     from hpc_grpo.config.spec import RunSpec

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout
-from hpc_grpo.runstate.retention import job_prune
+from hpc_grpo.runstate.prune import job_prune
 
 
 

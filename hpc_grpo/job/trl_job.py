@@ -31,7 +31,7 @@ from hpc_grpo.runstate.checkpoints import Checkpoint
 from hpc_grpo.runstate.metrics import parse_record
 from hpc_grpo.engines.trl import grpo_config_kwargs, lora_config_kwargs
 from hpc_grpo.job import disk, prepare_resume, save_signal
-from hpc_grpo.runstate.retention import job_prune
+from hpc_grpo.runstate.prune import job_prune
 from hpc_grpo.runstate import save_request
 from hpc_grpo.config.spec import RunSpec
 

@@ -5,7 +5,7 @@ resume preparation, starts the Ray head, waits (polling, with a deadline) until 
 runs the driver with RAY_ADDRESS and the resume overrides while a prune poller watches the checkpoints, prunes once
 more, checks the disk when the driver failed, and stops its Ray once the workers have left. The other nodes start a
 Ray worker that joins the head and stay until node 0's driver has exited. The decisions (ports, arguments,
-environment, files) are hpc_grpo.job.node_plan's pure functions; where the node is comes from hpc_grpo.job.job_env.
+environment, files) are hpc_grpo.job.node_plan's pure functions; where the node is comes from hpc_grpo.cluster.job_env.
 
 Teardown never uses `ray stop` (it kills every Ray on the host, other jobs' included): each node stops only the
 process tree it started (hpc_grpo.job.proc_tree). Order: workers leave first (they see node 0's done file), then the
@@ -31,7 +31,7 @@ from types import FrameType
 
 from hpc_grpo.runstate.layout import SPEC_FILE, StateFiles, state_files, verl_log
 from hpc_grpo.job import node_plan, proc_tree
-from hpc_grpo.job.job_env import JobEnvError, NodeLayout, node_layout
+from hpc_grpo.cluster.job_env import JobEnvError, NodeLayout, node_layout
 
 WORKERS_STOPPED_S = 15.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

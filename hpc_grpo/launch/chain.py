@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpc_grpo.runstate import restart, runs
-from hpc_grpo.cluster import slurm
+from hpc_grpo.cluster import sbatch, slurm
 from hpc_grpo.config.spec import RunSpec
 
 
@@ -45,6 +45,7 @@ def start(spec: RunSpec, job_id: str, rank: int, after: str | None,
                                 note=f"{decision.reason}; chained after job {after}, which ended {state}")
     if rank == 0:
         follow = queue_follow_on(spec, job_id)
-        runs.append_history(run_dir, follow, "chain", "slurm", note=f"follow-on of job {job_id} (afternotok)")
-        print(f"hpc-grpo: chained mode: queued follow-on job {follow} (afternotok:{job_id})", flush=True)
+        runs.append_history(run_dir, follow, "chain", "slurm", note=f"follow-on of job {job_id} ({sbatch.AFTER_NOT_OK})")
+        print(f"hpc-grpo: chained mode: queued follow-on job {follow} ({sbatch.dependency(sbatch.AFTER_NOT_OK, job_id)})",
+              flush=True)
     return True

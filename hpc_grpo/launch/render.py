@@ -15,6 +15,7 @@ from typing import Any
 import jinja2
 
 from hpc_grpo import __version__
+from hpc_grpo.cluster import sbatch
 from hpc_grpo.evaluation import evaluate
 from hpc_grpo.config import registry
 from hpc_grpo.runstate import layout
@@ -110,49 +111,18 @@ def recreate_command(spec: RunSpec) -> str:
 
 
 def sbatch_context(spec: RunSpec, command: str, extra: list[tuple[str, Any]] | None = None) -> dict[str, Any]:
-    """Everything the sbatch header needs, as plain values (the template quotes each). `extra`: more #SBATCH
-    options (the evaluation job's afterok dependency, a chained follow-on's afternotok)."""
-    r, c = spec.recipe, spec.cluster
-    res = r.resources
-    gpus = spec.gpus_per_node
-    sbatch: list[tuple[str, Any]] = [
-        ("job-name", spec.run_name),
-        ("nodes", res.nodes),
-        ("ntasks-per-node", 1),
-    ]
-    if gpus:
-        if c.gpu_request == "gres":
-            sbatch.append(("gres", f"gpu:{c.gpu_type}:{gpus}" if c.gpu_type else f"gpu:{gpus}"))
-        else:
-            sbatch.append(("gpus-per-node", f"{c.gpu_type}:{gpus}" if c.gpu_type else gpus))
-    sbatch.append(("cpus-per-task", spec.cpus_per_task))
-    if res.mem_gb:
-        sbatch.append(("mem", f"{res.mem_gb}G"))
-    sbatch.append(("time", res.time_min))
-    for key, value in (("partition", res.partition or c.partition), ("account", res.account or c.account),
-                       ("qos", res.qos or c.qos)):
-        if value:
-            sbatch.append((key, value))
-    sbatch += [
-        ("signal", f"USR2@{c.signal_delay_s}"),
-        *(extra or []),
-        ("output", str(layout.job_log(spec.path, "%j", 0))),
-        ("error", str(layout.job_log(spec.path, "%j", 0, err=True))),
-        ("open-mode", "append"),
-    ]
-    for key, value in sbatch:
+    """Everything the sbatch header needs, as plain values (the template quotes each): hpc_grpo.cluster.sbatch's
+    options. `extra`: more #SBATCH options (the evaluation job's afterany dependency, a chained follow-on's
+    afternotok)."""
+    c = spec.cluster
+    options = sbatch.options(sbatch.request(spec), layout.log_patterns(spec.path, 0), extra)
+    for key, value in options:
         # sbatch reads these lines itself: it knows neither $'...' nor a value that goes on past the line.
         if _ESCAPE.search(str(value)):
             raise SpecError(f"#SBATCH --{key} cannot hold control characters or line breaks: {value!r}",
                             key=f"sbatch --{key}")
-    srun = ["--unbuffered", "--output", str(layout.job_log(spec.path, "%j", "%t")),
-            "--error", str(layout.job_log(spec.path, "%j", "%t", err=True))]
-    if c.setup.container:
-        srun += [f"--container-image={c.setup.container}", f"--container-mounts={spec.run_dir}:{spec.run_dir}",
-                 "--no-container-mount-home"]
-    # Chained mode: never requeued (the site may forbid it; a preempted job must end PREEMPTED so its follow-on runs).
-    chain = c.restart == "chain"
-    return {"sbatch": sbatch, "requeue": c.requeue and not chain, "no_requeue": chain, "srun_args": srun,
+    return {"sbatch": options, **sbatch.requeue_mode(c.requeue, chained=c.restart == "chain"),
+            "srun_args": sbatch.srun_args(layout.log_patterns(spec.path, "%t"), c.setup.container, spec.run_dir),
             "command": shlex.split(command)}
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import submitit
 
+from hpc_grpo.cluster import job_env, sbatch
 from hpc_grpo.evaluation import evaluate
 from hpc_grpo.launch import chain, render
 from hpc_grpo.runstate import layout, restart, runs, save_request
@@ -68,7 +69,7 @@ class TrainJob:
         spec = load_frozen(layout.spec_file(run_dir))
         env = submitit.JobEnvironment()
         chained = spec.cluster.scheduler == "slurm" and spec.cluster.restart == "chain"
-        self._attempt = f"{env.job_id}.{os.environ.get('SLURM_RESTART_COUNT', '0')}.{os.getpid()}"
+        self._attempt = f"{env.job_id}.{job_env.restart_count()}.{os.getpid()}"
         if chained:
             # Not submitit's checkpoint-and-requeue: ask for the save and let Slurm end the job (TIMEOUT,
             # PREEMPTED), which starts the follow-on queued below.
@@ -297,8 +298,7 @@ def submit_follow_on(spec: RunSpec, after: str) -> str:
     Submitted from inside a job (submit_detached). `--kill-on-invalid-dep` removes the follow-on when `after`
     completes, so it never waits forever.
     """
-    executor = TemplateSlurmExecutor(spec, extra_sbatch=[("dependency", f"afternotok:{after}"),
-                                                         ("kill-on-invalid-dep", "yes")])
+    executor = TemplateSlurmExecutor(spec, extra_sbatch=sbatch.follow_on(after))
     executor.update_parameters(**slurm_parameters(spec))
     return str(submit_detached(executor, TrainJob(spec.run_dir, after=after)).job_id)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hpc_grpo.common.findings import Finding, info, warning
 from hpc_grpo.config.spec import RunSpec
-from hpc_grpo.planning.models import ModelShape
+from hpc_grpo.config.models import ModelShape
 
 
 def checkpoint_gib(spec: RunSpec, shape: ModelShape | None) -> float | None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpc_grpo.common.findings import READ_FIX, Finding, Severity, cannot_read, error, info, warning
-from hpc_grpo.planning.models import ModelShape
+from hpc_grpo.config.models import ModelShape
 from hpc_grpo.planning.disk import check_disk
 from hpc_grpo.config.spec import RunSpec
 
@@ -256,14 +256,13 @@ def _plan_talks_to_it(spec: RunSpec) -> bool:
 
 
 def check_slurm(spec: RunSpec, make: Make, for_submit: bool) -> list[Finding]:
-    from hpc_grpo.cluster import slurm
+    from hpc_grpo.cluster import sbatch, slurm
 
     if not for_submit and not _plan_talks_to_it(spec):
         return [info("cluster", f"Slurm checks of '{spec.cluster.name}' (MaxTime, GRES, account, sbatch --test-only) "
                      "run at submit, on a machine that talks to that cluster")]
-    r, c = spec.recipe, spec.cluster
-    res = r.resources
-    partition = res.partition or c.partition
+    res = spec.recipe.resources
+    partition = sbatch.request(spec).partition  # the recipe's, else the profile's
     try:
         limits = slurm.partition_limits(partition)
         nodes = slurm.partition_nodes(limits.name)
@@ -351,9 +350,10 @@ def profiles_that_can(spec: RunSpec) -> list[str]:
     """Known cluster profiles on which this recipe, as asked, passes the resource checks."""
     from hpc_grpo.config import registry
     from hpc_grpo.common.findings import has_errors
-    from hpc_grpo.planning.resources import check_resources, layout_of
+    from hpc_grpo.config.layout import layout_of
+    from hpc_grpo.planning.resources import check_resources
     from hpc_grpo.config.resolve import load_raw
-    from hpc_grpo.config.spec import Cluster
+    from hpc_grpo.config.cluster import Cluster
     from hpc_grpo.common.yamlio import SpecError
 
     names = []

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hpc_grpo.planning.ckpt_size import CheckpointSize, checkpoint_size
 from hpc_grpo.common.findings import Finding, cannot_read, info, warning
-from hpc_grpo.planning.models import ModelShape
+from hpc_grpo.config.models import ModelShape
 from hpc_grpo.config.spec import RunSpec
 
 __all__ = ["KNOWN_ROWS", "Schedule", "dataset_rows", "estimate_step_s", "make_schedule", "schedule_findings"]
@@ -112,7 +112,7 @@ def checkpoint_steps(total: int, save_freq: int) -> list[int]:
 
 
 def lora_params_of(spec: RunSpec, shape: ModelShape) -> float:
-    from hpc_grpo.planning.memory import lora_trainable_params
+    from hpc_grpo.config.models import lora_trainable_params
 
     return float(lora_trainable_params(shape, spec.recipe.lora.rank))
 

@@ -155,6 +155,18 @@ def list_checkpoints(run_dir: Path, engine: str) -> list[Checkpoint]:
     return sorted(found, key=lambda c: c.step)
 
 
+def candidates(run_dir: Path, engine: str) -> list[tuple[int, Path]]:
+    """(step, entry) of every checkpoint-named entry, oldest first, none opened: the cheap first pass.
+    Prune's first pass (hpc_grpo.runstate.prune): it opens only the entries whose verdict needs it."""
+    pattern = FOLDER_RE[engine]
+    try:
+        with os.scandir(checkpoints_dir(run_dir)) as it:
+            found = [(int(m.group(1)), Path(e.path)) for e in it if (m := pattern.match(e.name))]
+    except OSError:
+        return []
+    return sorted(found)
+
+
 def judge(path: Path, engine: str, step: int | None = None) -> Checkpoint:
     """One folder as a Checkpoint (step from its name unless given)."""
     path = Path(path)

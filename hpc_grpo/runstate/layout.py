@@ -137,6 +137,12 @@ def job_log(run_dir: PathLike, job_id: str, task: int | str = 0, err: bool = Fal
     return submitit_dir(run_dir) / _LOG.format(job=job_id, task=task, stream="err" if err else "out")
 
 
+def log_patterns(run_dir: PathLike, task: int | str) -> tuple[str, str]:
+    """Slurm's --output and --error patterns for the run's job logs: %j is the job id; `task` a task number, or
+    "%t" for srun's one log per task."""
+    return str(job_log(run_dir, "%j", task)), str(job_log(run_dir, "%j", task, err=True))
+
+
 def job_result(run_dir: PathLike, job_id: str) -> Path:
     """submitit's result pickle of a job's task 0: ("success", value) or ("error", traceback)."""
     return submitit_dir(run_dir) / _RESULT.format(job=job_id, task=0)

@@ -7,6 +7,8 @@ RUN/metrics.jsonl holds one JSON object per line in either layout:
 verl's console logger also prints one line per step to the driver's log, `step:12 - actor/kl_loss:0.001 - ...`
 (keys `name:value` joined by " - "): read when metrics.jsonl has nothing (a run without the file logger). Only
 lines that start a metric record (`step:N - `) are read, so any other output of the driver is ignored.
+For prune's keep_best, `logged_metrics` adds trl's trainer_state.json log history and the eval scores
+(RUN/eval/step_N.json) to metrics.jsonl's rows, by the engine's own keys.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout
 
 # our names -> the keys engines log them under (first one present wins): trl's flat keys, then verl's
@@ -150,3 +153,52 @@ def run_metrics(run_dir: Path, driver_logs: list[Path] | None = None) -> RunMetr
         return RunMetrics(logged, total, str(path))
     source = "verl console metric lines (step:N - key:value) in the driver logs" if rows else ""
     return RunMetrics([rows[k] for k in sorted(rows)], total, source)
+
+
+# ------------------------------------------------------------------------- every metric, for prune's keep_best
+def _flatten(prefix: str, data: Any, out: dict[str, float]) -> None:
+    if isinstance(data, dict):
+        for k, v in data.items():
+            _flatten(f"{prefix}/{k}" if prefix else str(k), v, out)
+    elif isinstance(data, (int, float)) and not isinstance(data, bool):
+        out[prefix] = float(data)
+
+
+def logged_metrics(run_dir: Path, engine: str) -> dict[int, dict[str, float]]:
+    """step -> {metric: value} from every record hpc-grpo knows, later sources winning:
+    RUN_DIR/metrics.jsonl (flat lines, or verl's file-logger lines {"step", "data"}), trl's
+    trainer_state.json log_history (newest checkpoint that has one), and RUN_DIR/eval/step_N.json
+    (numeric leaves of its "metrics" object, else of the whole file, as eval/<path>: eval/gsm8k/strict_match)."""
+    run_dir = Path(run_dir)
+    out: dict[int, dict[str, float]] = {}
+
+    def put(step: Any, row: dict[str, Any]) -> None:
+        if isinstance(step, int) and not isinstance(step, bool):
+            flat: dict[str, float] = {}
+            _flatten("", row, flat)
+            out.setdefault(step, {}).update(flat)
+
+    for step, raw in read_raw(layout.metrics_file(run_dir)).items():
+        put(step, raw)
+    if engine == "trl":
+        for _, path in reversed(ck.candidates(run_dir, engine)):
+            state = ck.trainer_state(path)
+            if state is None or "log_history" not in state:
+                continue
+            history = state["log_history"]
+            for row in history if isinstance(history, list) else []:
+                if isinstance(row, dict):
+                    put(row.get("step"), {k: v for k, v in row.items() if k != "step"})
+            break
+    for step, path in layout.eval_results(run_dir):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        flat: dict[str, float] = {}
+        # evaluation's files keep their scores under "metrics" (eval/gsm8k/strict_match); other numbers too
+        scores = data.get("metrics") if isinstance(data, dict) and isinstance(data.get("metrics"), dict) else data
+        _flatten("eval", scores, flat)
+        flat.pop("eval/step", None)
+        out.setdefault(step, {}).update(flat)
+    return out

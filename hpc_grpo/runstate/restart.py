@@ -17,20 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_grpo.cluster.states import NODE_FAILURE, PREEMPTION, TIME_LIMIT, resumable_cause
 from hpc_grpo.runstate import runs
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.common.yamlio import SpecError
 
-TIME_LIMIT = "time limit"
-PREEMPTION = "preemption"
-NODE_FAILURE = "node failure"
 # Slurm's time-limit warning may come this much earlier than asked (slurmctld checks limits about every 30-60 s).
 EARLY_SIGNAL_S = 60
 # Slack on top of that: job start-up, a busy slurmctld answering squeue.
 SLACK_S = 30
-# Final states after which a chained follow-on resumes, with their cause; any other end (FAILED, CANCELLED,
-# OUT_OF_MEMORY, COMPLETED...) stops the chain.
-RESUMABLE_STATES = {"TIMEOUT": TIME_LIMIT, "PREEMPTED": PREEMPTION, "NODE_FAIL": NODE_FAILURE}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +72,7 @@ def chained_start(predecessor_state: str | None, timeouts: int, max_timeout_requ
     """Whether a chained follow-on resumes: only after its predecessor ended by TIMEOUT, PREEMPTED or NODE_FAIL
     (and, for TIMEOUT, while the time-limit requeues allow it). Anything else: it exits at once."""
     state = predecessor_state or "UNKNOWN"
-    cause = RESUMABLE_STATES.get(state)
+    cause = resumable_cause(state)  # hpc_grpo.cluster.states: the one map of Slurm states to restart causes
     if cause is None:
         return Decision(False, f"predecessor {state}", f"predecessor ended {state}: nothing to resume, "
                         "the follow-on exits")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo.cluster import slurm
+from hpc_grpo.cluster import slurm, states
+from hpc_grpo.cluster.slurm_output import JobInfo
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -35,7 +36,7 @@ def submit(tmp_path: Path, body: str, *args: str, name: str = "job.sh") -> tuple
     return proc.stdout.strip().split(";")[0], out
 
 
-def wait_final(job_id: str, deadline_s: float = DEADLINE_S) -> slurm.JobInfo:
+def wait_final(job_id: str, deadline_s: float = DEADLINE_S) -> JobInfo:
     end = time.monotonic() + deadline_s
     while True:
         info = slurm.job_states([job_id]).get(job_id)
@@ -120,7 +121,7 @@ def test_cancel_and_unknown_ids(tmp_path: Path) -> None:
     assert slurm.job_states([job_id])[job_id].live
     slurm.cancel(job_id)
     info = wait_final(job_id)
-    assert info.state == "CANCELLED" and not slurm.is_live(info.state)
+    assert info.state == "CANCELLED" and not states.is_live(info.state)
     assert slurm.job_states(["99999999"]) == {}
     slurm.cancel(job_id)  # already ended: not an error
 

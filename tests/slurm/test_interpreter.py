@@ -19,6 +19,7 @@ import pytest
 
 from hpc_grpo.runstate import runs
 from hpc_grpo.cluster import slurm
+from hpc_grpo.cluster.slurm_output import JobInfo
 from hpc_grpo.config.resolve import load_frozen
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -56,7 +57,7 @@ def submit(root: Path, env: dict[str, str], *args: str) -> tuple[Path, str]:
     return run_dir, runs.last_job_id(run_dir)
 
 
-def wait_final(job_id: str) -> slurm.JobInfo:
+def wait_final(job_id: str) -> JobInfo:
     end = time.monotonic() + DEADLINE_S
     while True:
         info = slurm.job_states([job_id]).get(job_id)

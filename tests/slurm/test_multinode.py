@@ -21,6 +21,7 @@ import pytest
 
 from hpc_grpo.runstate import runs
 from hpc_grpo.cluster import slurm
+from hpc_grpo.cluster.slurm_output import JobInfo
 from hpc_grpo.job.ray_probe import leftover_pids
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -37,7 +38,7 @@ def job_env(home: Path) -> dict[str, str]:
     return env
 
 
-def wait_final(job_id: str, deadline_s: float) -> slurm.JobInfo:
+def wait_final(job_id: str, deadline_s: float) -> JobInfo:
     end = time.monotonic() + deadline_s
     while True:
         info = slurm.job_states([job_id]).get(job_id)

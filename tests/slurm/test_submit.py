@@ -20,6 +20,7 @@ import pytest
 from hpc_grpo.launch import render
 from hpc_grpo.runstate import runs
 from hpc_grpo.cluster import slurm
+from hpc_grpo.cluster.slurm_output import JobInfo
 from hpc_grpo.job.ray_probe import leftover_pids
 from hpc_grpo.config.resolve import load_frozen
 from hpc_grpo.runstate import layout
@@ -92,7 +93,7 @@ def last_job(run_dir: Path) -> str:
     return [e for e in submissions(run_dir) if e.purpose != "eval"][-1].job_id
 
 
-def wait_final(job_id: str, deadline_s: float) -> slurm.JobInfo:
+def wait_final(job_id: str, deadline_s: float) -> JobInfo:
     end = time.monotonic() + deadline_s
     while True:
         info = slurm.job_states([job_id]).get(job_id)

@@ -116,17 +116,16 @@ def _blocked(path: Path, *, read: bool) -> list[str]:
     return bad
 
 
-def _check_reachable() -> None:
-    """The user needs the interpreter, its standard library, the venv, this checkout, GSM8K and SLURM_CONF."""
+def _check_reachable(extra: dict[Path, bool]) -> None:
+    """The user needs the interpreter, its standard library, the venv, this checkout, SLURM_CONF and `extra`."""
     needs = {
         Path(sys.executable): True,
         Path(sysconfig.get_paths()["stdlib"]): True,
         Path(sysconfig.get_paths()["purelib"]): True,
         REPO / "hpc_grpo" / "__init__.py": True,
         REPO / "recipes": True,
-        GSM8K / "train.jsonl": True,
-        GSM8K / "test.jsonl": True,
         Path(os.environ["SLURM_CONF"]): True,
+        **extra,
     }
     bad = sorted({b for p, read in needs.items() for b in _blocked(p, read=read)})
     if bad:
@@ -135,13 +134,12 @@ def _check_reachable() -> None:
                     pytrace=False)
 
 
-@pytest.fixture(scope="module")
-def user() -> As:
+def as_user(needs: dict[Path, bool]) -> As:
+    """USER (made if missing, with its accounting association), after checking it can reach the interpreter, this
+    checkout and `needs` (path -> must be readable); also for tests/slurm/test_codegen.py."""
     if shutil.which("setpriv") is None or shutil.which("useradd") is None:
         pytest.fail("setpriv and useradd are needed (util-linux, passwd)", pytrace=False)
-    if not GSM8K.is_dir():
-        pytest.fail(f"{GSM8K} is missing: the GSM8K files live in ../shared beside the checkout", pytrace=False)
-    _check_reachable()
+    _check_reachable(needs)
     pw = _ensure_user()
     _ensure_association()
     assert pw.pw_uid != 0
@@ -154,6 +152,13 @@ def user() -> As:
         "PYTHONPATH": str(REPO),  # this checkout, whichever the venv's editable install points at
     }
     return As(pw.pw_uid, pw.pw_gid, home, env)
+
+
+@pytest.fixture(scope="module")
+def user() -> As:
+    if not GSM8K.is_dir():
+        pytest.fail(f"{GSM8K} is missing: the GSM8K files live in ../shared beside the checkout", pytrace=False)
+    return as_user({GSM8K / "train.jsonl": True, GSM8K / "test.jsonl": True})
 
 
 def _owners(root: Path) -> dict[int, list[str]]:

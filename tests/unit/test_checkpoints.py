@@ -156,7 +156,7 @@ def test_quarantine_moves_and_never_deletes(tmp_path: Path) -> None:
     bad2 = trees.verl_fsdp(tmp_path, 2)
     moved2 = ck.quarantine(tmp_path, ck.judge(bad2, "verl"))
     assert moved2 != moved and moved.exists() and moved2.exists()
-    from hpc_grpo.runstate.retention import quarantined
+    from hpc_grpo.runstate.prune import quarantined
 
     assert [p for p, _, _ in quarantined(tmp_path)] == sorted([moved, moved2])  # what status and prune list
 

@@ -1,4 +1,4 @@
-"""The eval job asks Slurm for exactly the GPUs lm-eval will use: evaluate.eval_resources decides backend, GPUs and
+"""The eval job asks Slurm for exactly the GPUs lm-eval (or HumanEval's generation) will use: evaluate.eval_resources decides backend, GPUs and
 device once, and both the batch script (eval_spec -> scripts/eval_sbatch.sh) and lm-eval (settings_for ->
 scoring.build_args) read it.
 
@@ -70,10 +70,14 @@ def test_gpus_asked_of_slurm_are_the_gpus_lm_eval_uses(recipe: str, cluster: str
     assert settings.placement.device == ("cuda" if asked > 0 else "cpu")
     if args.model == "hf":
         assert args.device == settings.placement.device
-    if spec.gpus_per_node > 0 and spec.recipe.eval.backend is None:
-        # a GPU run evaluates with vLLM on one training node's GPUs, TP from the rollout
+    if spec.gpus_per_node > 0 and spec.recipe.eval.backend is None and evaluate.needs_gsm8k(spec.recipe.eval.tasks):
+        # a GPU run evaluates GSM8K with vLLM on one training node's GPUs, TP from the rollout
         assert (args.model, asked) == ("vllm", spec.gpus_per_node)
         assert args.model_args["tensor_parallel_size"] == spec.recipe.parallel.rollout_tp
+    elif spec.gpus_per_node > 0 and spec.recipe.eval.backend is None:
+        # HumanEval only (a code recipe's default): transformers generates on one GPU, so the job asks for one
+        assert spec.recipe.eval.tasks == ["humaneval"]
+        assert (args.model, args.device, asked) == ("hf", "cuda", 1)
     if spec.gpus_per_node == 0:
         assert (args.model, args.device, asked) == ("hf", "cpu", 0)
     assert "vllm" not in sys.modules
@@ -107,7 +111,9 @@ def test_explicit_settings_win(isolated: Path) -> None:
     # the node's size is the cluster profile's: plan checks it, the job on that node need not
     ("qwen2.5-3b-gsm8k-lora", ["eval.resources.gpus_per_node=16"], "eval.resources.gpus_per_node",
      ["16 GPUs", "have 8"], False),
-], ids=["vllm-0-gpus", "vllm-cpu-run", "hf-idle-gpus", "tp-not-divisor", "more-than-the-node"])
+    ("qwen2.5-7b-codegen", ["eval.backend=vllm"], "eval.backend",
+     ["eval.backend=vllm", "eval.tasks=['humaneval']", "set it to hf"], True),
+], ids=["vllm-0-gpus", "vllm-cpu-run", "hf-idle-gpus", "tp-not-divisor", "more-than-the-node", "vllm-no-lm-eval-task"])
 def test_contradictions_are_plan_errors_naming_the_key(recipe: str, overrides: list[str], key: str,
                                                        words: list[str], in_job: bool, isolated: Path) -> None:
     spec = spec_of(recipe, "a100-ib", isolated, *overrides)

@@ -70,3 +70,20 @@ def test_tiny_model_generates_and_is_scored(tmp_path: Path) -> None:
     assert sum(report["outcomes"].values()) == 4
     assert report["pass@1"] == 0.0 and report["pass@2"] == 0.0  # a random model passes nothing
     json.dumps(report)
+
+
+def test_batched_generation_keeps_prompt_order_and_greedy_text(tmp_path: Path) -> None:
+    """The eval job generates batch_size prompts at a time (left-padded): each prompt keeps its own n samples, in
+    order, and greedy text does not depend on the batch it was padded into."""
+    from hpc_grpo.data.codegen import make_prompt
+    from hpc_grpo.evaluation.humaneval import generate, load_humaneval
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
+
+    model = str(ensure_tiny_model(tmp_path / "tiny-qwen2"))
+    prompts = [make_prompt(p) for p in load_humaneval(3)]  # 327, 402 and 282 prompt tokens: padding differs
+    one = generate(model, prompts, 1, 8, 0.0, batch_size=1)
+    three = generate(model, prompts, 1, 8, 0.0, batch_size=3)
+    assert [len(s) for s in three] == [1, 1, 1]
+    assert three == one
+    sampled = generate(model, prompts, 2, 4, 0.8, batch_size=2)
+    assert [len(s) for s in sampled] == [2, 2, 2]

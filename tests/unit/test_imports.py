@@ -73,9 +73,9 @@ def test_prune_imports_nothing_heavy(tmp_path) -> None:
     mods = loaded("prune-ckpts", str(tmp_path / "no-such-run"), "--dry-run", "--json")
     assert "hpc_grpo" in mods
     assert not mods & set(HEAVY), mods & set(HEAVY)
-    import hpc_grpo.runstate.retention  # noqa: F401  (the module itself: the CLI path above may stop at locating the run)
+    import hpc_grpo.runstate.prune  # noqa: F401  (the module itself: the CLI path above may stop at locating the run)
 
-    probe = "import sys, hpc_grpo.runstate.retention, hpc_grpo.job.prune_poller; print(sorted({m.split('.')[0] for m in sys.modules}))"
+    probe = "import sys, hpc_grpo.runstate.prune, hpc_grpo.commands.prune, hpc_grpo.job.prune_poller; print(sorted({m.split('.')[0] for m in sys.modules}))"
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert not set(eval(proc.stdout)) & set(HEAVY), proc.stdout
 

@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpc_grpo.common.findings import Severity
-from hpc_grpo.planning.memory import MemoryEstimate, estimate_memory, lora_trainable_params, memory_findings
-from hpc_grpo.planning.models import ModelShape, resolve_shape
+from hpc_grpo.engines.verl_memory import estimate_memory
+from hpc_grpo.config.models import ModelShape, lora_trainable_params, resolve_shape
+from hpc_grpo.engines.memory import MemoryEstimate, memory_findings
 
 
 def shape(name: str) -> ModelShape:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import pytest
 
 from hpc_grpo.common.findings import Severity
-from hpc_grpo.planning.memory import LOGIT_BYTES, estimate_memory, memory_findings
-from hpc_grpo.planning.models import resolve_shape
+from hpc_grpo.engines.verl_memory import estimate_memory
+from hpc_grpo.engines.verl_memory_model import LOGIT_BYTES
+from hpc_grpo.engines.memory import memory_findings
+from hpc_grpo.config.models import resolve_shape
 from hpc_grpo.planning.plan import run_plan
 from hpc_grpo.config.resolve import resolve_spec
 

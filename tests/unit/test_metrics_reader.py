@@ -22,7 +22,7 @@ import pytest
 from hpc_grpo.cli import app as cli
 from hpc_grpo.cli.watch_cmds import print_training_summary
 from hpc_grpo.commands import monitor, report, status
-from hpc_grpo.runstate import retention as prune, runs
+from hpc_grpo.runstate import metrics as engine_metrics, runs
 from hpc_grpo.launch import render
 from hpc_grpo.job import prune_poller
 from hpc_grpo.config.resolve import resolve_spec
@@ -108,7 +108,7 @@ def test_verl_file_logger_rows_reach_report_status_and_prune(isolated: Path, mon
     table = capsys.readouterr().out
     assert all(f"{verl_data(s)['critic/score/mean']:.4f}" in table for s in steps)
 
-    logged = prune.logged_metrics(run, "verl")  # keep_best names verl's own keys
+    logged = engine_metrics.logged_metrics(run, "verl")  # keep_best names verl's own keys
     assert [logged[s]["critic/score/mean"] for s in steps] == [v for _, v in series("critic/score/mean")]
 
 

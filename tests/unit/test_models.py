@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo.planning.models import (
+from hpc_grpo.config.models import (
     ModelShape,
     count_params,
     known_models,
@@ -240,8 +240,17 @@ def test_import_is_stdlib_only() -> None:
     import sys
 
     code = (
-        "import sys, hpc_grpo.planning.models, hpc_grpo.planning.memory;"
+        "import sys, hpc_grpo.config.models;"
         "bad=[m for m in ('torch','transformers','numpy','pydantic','yaml') if m in sys.modules];"
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2])
+    assert out.stdout.strip() == ""
+    # the memory estimate, verl's memory model and advice: no numeric stack either (the engines package loads the
+    # typed spec)
+    code = (
+        "import sys, hpc_grpo.engines.memory, hpc_grpo.engines.verl_memory, hpc_grpo.engines.verl_memory_model;"
+        "bad=[m for m in ('torch','transformers','numpy') if m in sys.modules];"
         "print(','.join(bad))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2])

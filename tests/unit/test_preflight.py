@@ -13,7 +13,7 @@ import pytest
 
 from hpc_grpo.config import clusterpick
 from hpc_grpo.planning import preflight
-from hpc_grpo.cluster import slurm
+from hpc_grpo.cluster import slurm, slurm_output
 from hpc_grpo.common.findings import Severity, error
 from hpc_grpo.planning.plan import run_plan
 from hpc_grpo.config.resolve import resolve_spec
@@ -168,7 +168,7 @@ def test_no_room_for_the_kept_checkpoints(isolated) -> None:
 
 
 def test_sizing_uses_the_shape_with_kept_plus_one(isolated) -> None:
-    from hpc_grpo.planning.models import resolve_shape
+    from hpc_grpo.config.models import resolve_shape
 
     spec = resolve_spec("qwen2.5-7b-codegen", "a100-ib", ["checkpoint.keep_last=2", f"cluster.runs_root={isolated}"],
                         run_name="t")
@@ -283,12 +283,12 @@ def test_unknown_slurm_and_no_slurm_fall_back_to_local(no_choice, monkeypatch) -
 
 # ------------------------------------------------------------------------------------------ Slurm parsing
 def test_parse_node_shapes_and_config_and_assoc() -> None:
-    nodes = slurm.parse_node_shapes("node1|4|gpu:4|4000\nnode1|4|gpu:4|4000\nnode2|8|gpu:a100:8(S:0-1)|512000\n")
+    nodes = slurm_output.parse_node_shapes("node1|4|gpu:4|4000\nnode1|4|gpu:4|4000\nnode2|8|gpu:a100:8(S:0-1)|512000\n")
     assert [(n.name, n.cpus, n.gpus, n.mem_mb, n.gpu_type) for n in nodes] == [
         ("node1", 4, 4, 4000, None), ("node2", 8, 8, 512000, "a100")]
-    assert slurm.parse_config_value("Foo = 1\nClusterName             = hpcgrpo-dev\n", "ClusterName") == "hpcgrpo-dev"
-    assert slurm.parse_config_value("Foo = 1\n", "ClusterName") is None
-    assert slurm.parse_assoc("root|normal\nproj|normal,high\n|\n") == [("root", ["normal"]), ("proj", ["normal", "high"]),
+    assert slurm_output.parse_config_value("Foo = 1\nClusterName             = hpcgrpo-dev\n", "ClusterName") == "hpcgrpo-dev"
+    assert slurm_output.parse_config_value("Foo = 1\n", "ClusterName") is None
+    assert slurm_output.parse_assoc("root|normal\nproj|normal,high\n|\n") == [("root", ["normal"]), ("proj", ["normal", "high"]),
                                                                      ("", [])]
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo.runstate import retention as prune
+from hpc_grpo.runstate import checkpoints as ck
+from hpc_grpo.runstate import leases, metrics, prune, retention
 from hpc_grpo.engines import get_engine
 from hpc_grpo.engines.trl import grpo_config_kwargs
 from hpc_grpo.config.resolve import resolve_spec
@@ -79,20 +80,20 @@ def test_a_second_prune_waits_for_the_lock(tmp_path: Path) -> None:
     held.wait(5)
     try:
         with pytest.raises(TimeoutError, match="is held by"):
-            prune.prune_run(run, "trl", prune.Policy(keep_last=1, grace_s=0), lock_timeout_s=0.3)
-        assert sorted(s for s, _ in prune.candidates(run, "trl")) == [1, 2, 3]  # nothing removed meanwhile
+            prune.prune_run(run, "trl", retention.Policy(keep_last=1, grace_s=0), lock_timeout_s=0.3)
+        assert sorted(s for s, _ in ck.candidates(run, "trl")) == [1, 2, 3]  # nothing removed meanwhile
     finally:
         release.set()
         t.join()
-    prune.prune_run(run, "trl", prune.Policy(keep_last=1, grace_s=0), lock_timeout_s=5)
-    assert [s for s, _ in prune.candidates(run, "trl")] == [3]
+    prune.prune_run(run, "trl", retention.Policy(keep_last=1, grace_s=0), lock_timeout_s=5)
+    assert [s for s, _ in ck.candidates(run, "trl")] == [3]
 
 
 def test_lease_protects_a_step_and_a_dead_holder_does_not(tmp_path: Path) -> None:
     run = trl_run(tmp_path, [1, 2, 3])
-    policy = prune.Policy(keep_last=1, grace_s=0)
-    with prune.lease(run, 1) as path:
-        assert path.exists() and prune.active_leases(run) == {1}
+    policy = retention.Policy(keep_last=1, grace_s=0)
+    with leases.lease(run, 1) as path:
+        assert path.exists() and leases.active_leases(run) == {1}
         result = prune.prune_run(run, "trl", policy, dry_run=True)
         v1 = next(v for v in result.verdicts if v.step == 1)
         assert v1.keep and v1.protected and "leased" in v1.reason
@@ -100,9 +101,9 @@ def test_lease_protects_a_step_and_a_dead_holder_does_not(tmp_path: Path) -> Non
     # A lease left by a process that died (same host) is stale.
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (run / layout.LEASES_DIR / f"step_2.{os.uname().nodename}.abcd.{int(dead.stdout)}.lease").write_text("{}")
-    assert prune.active_leases(run) == frozenset()
+    assert leases.active_leases(run) == frozenset()
     prune.prune_run(run, "trl", policy)
-    assert [s for s, _ in prune.candidates(run, "trl")] == [3]
+    assert [s for s, _ in ck.candidates(run, "trl")] == [3]
 
 
 def test_grace_period_and_tracker_protect(tmp_path: Path) -> None:
@@ -111,9 +112,9 @@ def test_grace_period_and_tracker_protect(tmp_path: Path) -> None:
         set_mtime(verl_fsdp_checkpoint(ckpts, s), OLD + s)
     set_mtime(ckpts / "global_step_20", time.time() - 5)  # a fresh save (of another writer)
     (ckpts / "latest_checkpointed_iteration.txt").write_text("10")
-    result = prune.prune_run(tmp_path / "run", "verl", prune.Policy(keep_last=1, grace_s=60))
+    result = prune.prune_run(tmp_path / "run", "verl", retention.Policy(keep_last=1, grace_s=60))
     reasons = {v.step: v.reason for v in result.verdicts}
-    assert [s for s, _ in prune.candidates(tmp_path / "run", "verl")] == [10, 20, 40]
+    assert [s for s, _ in ck.candidates(tmp_path / "run", "verl")] == [10, 20, 40]
     assert "tracker" in reasons[10] and "grace" in reasons[20] and "newest complete" in reasons[40]
 
 
@@ -125,7 +126,7 @@ def test_quarantine_is_emptied_after_its_retention(tmp_path: Path) -> None:
         (q / name).mkdir(parents=True)
         (q / name / "optimizer.pt").write_bytes(b"x" * 10)
     now = time.time() + 3 * 86400  # three days on
-    policy = prune.Policy(keep_last=1, grace_s=0, quarantine_s=2 * 86400)
+    policy = retention.Policy(keep_last=1, grace_s=0, quarantine_s=2 * 86400)
     result = prune.prune_run(run, "trl", policy, now=now)
     assert sorted(p.name for p in q.iterdir()) == []
     assert all(not v.keep for v in result.quarantine)
@@ -140,9 +141,9 @@ def test_exports_count_against_max_bytes_and_go_with_their_checkpoint(tmp_path: 
     for s in (2, 4):
         (run / "exports" / f"step_{s}").mkdir(parents=True)
         (run / "exports" / f"step_{s}" / "model.safetensors").write_bytes(b"m" * 5000)
-    policy = prune.Policy(keep_last=3, grace_s=0, max_bytes=3 * size + 6000)  # fits 3 checkpoints + 1 export
+    policy = retention.Policy(keep_last=3, grace_s=0, max_bytes=3 * size + 6000)  # fits 3 checkpoints + 1 export
     result = prune.prune_run(run, "trl", policy)
-    assert [s for s, _ in prune.candidates(run, "trl")] == [4, 6]
+    assert [s for s, _ in ck.candidates(run, "trl")] == [4, 6]
     assert sorted(os.listdir(run / "exports")) == ["step_4"]
     gone = next(v for v in result.verdicts if v.step == 2)
     assert "max_bytes" in gone.reason and result.freed_bytes == size + 5000
@@ -160,15 +161,15 @@ def test_keep_best_reads_verl_trl_and_eval_records(tmp_path: Path) -> None:
     (run / "eval" / "step_30.json").write_text(json.dumps({"step": 30, "metrics": {"gsm8k/strict_match": 0.6},
                                                            "samples": [{"score": 1.0}]}))
     (run / "eval" / "step_20.json").write_text(json.dumps({"gsm8k": {"strict_match": 0.5}}))
-    logged = prune.logged_metrics(run, "verl")
-    assert prune.metric_per_checkpoint(logged, [10, 20, 30], "val-core/*/reward/mean@1") == {10: 0.30, 20: 0.55,
+    logged = metrics.logged_metrics(run, "verl")
+    assert retention.metric_per_checkpoint(logged, [10, 20, 30], "val-core/*/reward/mean@1") == {10: 0.30, 20: 0.55,
                                                                                               30: 0.41}
-    assert prune.metric_per_checkpoint(logged, [10, 20, 30], "eval/gsm8k/strict_match") == {20: 0.5, 30: 0.6}
+    assert retention.metric_per_checkpoint(logged, [10, 20, 30], "eval/gsm8k/strict_match") == {20: 0.5, 30: 0.6}
     ckpts = run / "checkpoints"
     for s in (10, 20, 30, 40):
         set_mtime(verl_fsdp_checkpoint(ckpts, s), OLD + s)
-    result = prune.prune_run(run, "verl", prune.Policy(keep_last=1, grace_s=0, keep_best="val-core/*/mean@1"))
-    assert [s for s, _ in prune.candidates(run, "verl")] == [20, 40]
+    result = prune.prune_run(run, "verl", retention.Policy(keep_last=1, grace_s=0, keep_best="val-core/*/mean@1"))
+    assert [s for s, _ in ck.candidates(run, "verl")] == [20, 40]
     assert "best" in next(v.reason for v in result.verdicts if v.step == 20)
     # trl: trainer_state.json's log_history (min mode)
     trl = trl_run(tmp_path / "t", [1, 2, 3])
@@ -176,24 +177,24 @@ def test_keep_best_reads_verl_trl_and_eval_records(tmp_path: Path) -> None:
     state.write_text(json.dumps({"global_step": 3, "log_history": [{"step": s, "loss": v} for s, v in
                                                                    ((1, 0.9), (2, 0.1), (3, 0.5))]}))
     set_mtime(trl / "checkpoints" / "checkpoint-3", OLD + 3)
-    prune.prune_run(trl, "trl", prune.Policy(keep_last=1, grace_s=0, keep_best="loss", best_mode="min"))
-    assert [s for s, _ in prune.candidates(trl, "trl")] == [2, 3]
+    prune.prune_run(trl, "trl", retention.Policy(keep_last=1, grace_s=0, keep_best="loss", best_mode="min"))
+    assert [s for s, _ in ck.candidates(trl, "trl")] == [2, 3]
 
 
 def test_keep_best_on_humaneval_pass_at_1(tmp_path: Path) -> None:
     """`--keep-best eval/humaneval/pass@1:max`: the '@' and '/' stay in the name, the mode after the last ':'."""
-    assert prune.split_best("eval/humaneval/pass@1:max") == ("eval/humaneval/pass@1", "max")
-    assert prune.split_best("eval/humaneval/pass@10:min") == ("eval/humaneval/pass@10", "min")
-    assert prune.split_best("val-core/*/reward/mean@1") == ("val-core/*/reward/mean@1", "max")
+    assert retention.split_best("eval/humaneval/pass@1:max") == ("eval/humaneval/pass@1", "max")
+    assert retention.split_best("eval/humaneval/pass@10:min") == ("eval/humaneval/pass@10", "min")
+    assert retention.split_best("val-core/*/reward/mean@1") == ("val-core/*/reward/mean@1", "max")
     run = tmp_path / "run"
     (run / "eval").mkdir(parents=True)
     for step, score in ((10, 0.2), (20, 0.7), (30, 0.4)):
         (run / "eval" / f"step_{step}.json").write_text(json.dumps({"step": step, "metrics": {"humaneval/pass@1": score}}))
         set_mtime(verl_fsdp_checkpoint(run / "checkpoints", step), OLD + step)
     set_mtime(verl_fsdp_checkpoint(run / "checkpoints", 40), OLD + 40)
-    metric, mode = prune.split_best("eval/humaneval/pass@1:max")
-    prune.prune_run(run, "verl", prune.Policy(keep_last=1, grace_s=0, keep_best=metric, best_mode=mode))
-    assert [s for s, _ in prune.candidates(run, "verl")] == [20, 40]
+    metric, mode = retention.split_best("eval/humaneval/pass@1:max")
+    prune.prune_run(run, "verl", retention.Policy(keep_last=1, grace_s=0, keep_best=metric, best_mode=mode))
+    assert [s for s, _ in ck.candidates(run, "verl")] == [20, 40]
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -209,11 +210,11 @@ def test_cli_dry_run_json_and_table(tmp_path: Path) -> None:
     data = json.loads(dry.stdout)
     assert {v["step"]: v["keep"] for v in data["checkpoints"]} == {2: False, 4: True, 6: False, 8: True, 10: True}
     assert data["freed_bytes"] > 0 and data["dry_run"] is True
-    assert sorted(s for s, _ in prune.candidates(run, "trl")) == [2, 4, 6, 8, 10]  # nothing changed
+    assert sorted(s for s, _ in ck.candidates(run, "trl")) == [2, 4, 6, 8, 10]  # nothing changed
     table = cli(str(run), "--keep-last", "1", home=tmp_path)
     assert table.returncode == 0, table.stderr
     assert "milestone (every 4 steps)" in table.stdout and "freed" in table.stdout
-    assert sorted(s for s, _ in prune.candidates(run, "trl")) == [4, 8, 10]
+    assert sorted(s for s, _ in ck.candidates(run, "trl")) == [4, 8, 10]
     bad = cli(str(run), "--max-bytes", "lots", home=tmp_path)
     assert bad.returncode == 2 and "--max-bytes 'lots'" in bad.stderr
 
@@ -255,5 +256,5 @@ def test_poller_copies_verl_metrics_across_restarts_and_prunes(tmp_path: Path) -
     assert [json.loads(line)["step"] for line in dst.read_text().splitlines()] == [5, 10, 15]
     state = prune_poller.folder_state(run)
     assert prune_poller.main(["--run-dir", str(run), "--once"]) == 0
-    assert [s for s, _ in prune.candidates(run, "verl")] == [15]
+    assert [s for s, _ in ck.candidates(run, "verl")] == [15]
     assert prune_poller.folder_state(run) != state  # what the polling loop watches changed

@@ -4,7 +4,7 @@ Trees hold whole and broken checkpoints (missing or truncated shard, cut manifes
 checkpoint folder (as a checkpoint entry and inside a checkpoint), a tracker naming any step (or garbage),
 leases and fresh mtimes. Checked on every tree: no protected checkpoint is removed, nothing outside the
 checkpoint folder changes, and what stays on disk is exactly what an independent statement of the policy
-keeps (written here from the issue's rules, not by calling prune.decide).
+keeps (written here from the issue's rules, not by calling retention.decide).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpc_grpo.runstate import checkpoints as ck
-from hpc_grpo.runstate import retention as prune
+from hpc_grpo.runstate import layout, metrics, prune, retention
 from hpc_grpo.runstate.layout import CHECKPOINT_LOCK
-from hpc_grpo.runstate import layout
 from tests.prune_trees import MAKERS, set_mtime, snapshot
 
 NOW = time.time()
@@ -72,7 +71,7 @@ def build(root: Path, t: dict) -> tuple[Path, Path, str]:
     return run, outside, engine
 
 
-def expected(run: Path, engine: str, t: dict, policy: prune.Policy) -> tuple[set[int], set[int]]:
+def expected(run: Path, engine: str, t: dict, policy: retention.Policy) -> tuple[set[int], set[int]]:
     """(kept steps, protected steps) from the issue's rules, on fully checked checkpoints."""
     full = {c.step: c for c in ck.list_checkpoints(run, engine)}
     complete = sorted(s for s, c in full.items() if c.complete)
@@ -88,7 +87,7 @@ def expected(run: Path, engine: str, t: dict, policy: prune.Policy) -> tuple[set
     if policy.keep_every:
         soft += [(0, s) for s in complete if s % policy.keep_every == 0 and s not in complete[::-1][: policy.keep_last]]
     if policy.keep_best:
-        vals = prune.metric_per_checkpoint(prune.logged_metrics(run, engine), sorted(full), "score")
+        vals = retention.metric_per_checkpoint(metrics.logged_metrics(run, engine), sorted(full), "score")
         scored = [(vals[s], s) for s in complete if s in vals]
         if scored:
             b = max(scored)[1] if policy.best_mode == "max" else min(scored, key=lambda x: (x[0], -x[1]))[1]
@@ -112,7 +111,7 @@ def test_prune_keeps_exactly_the_policy(t: dict, dry: bool) -> None:
     root = Path(tempfile.mkdtemp(prefix="prune-prop-"))
     try:
         run, outside, engine = build(root, t)
-        policy = prune.Policy(keep_last=t["keep_last"], keep_every=t["keep_every"],
+        policy = retention.Policy(keep_last=t["keep_last"], keep_every=t["keep_every"],
                               keep_best="score" if t["best"] else None, best_mode=t["best"] or "max",
                               max_bytes=t["max_bytes"], grace_s=600)
         want_kept, protected = expected(run, engine, t, policy)
@@ -122,7 +121,7 @@ def test_prune_keeps_exactly_the_policy(t: dict, dry: bool) -> None:
         assert snapshot(outside) == before_outside  # nothing outside the folder, through any link
         assert {v.step for v in result.verdicts if v.keep} == want_kept
         assert {v.step for v in result.verdicts if v.protected} == protected
-        left = {s for s, _ in prune.candidates(run, engine)}
+        left = {s for s, _ in ck.candidates(run, engine)}
         if dry:
             after = snapshot(root / "run")
             assert CHECKPOINT_LOCK not in after  # the lock file goes when the lock is released

@@ -26,7 +26,7 @@ from hpc_grpo.config import registry
 from hpc_grpo.engines.verl_keys import format_value
 from hpc_grpo.launch.render import render_all, write_files
 from hpc_grpo.config.resolve import load_frozen, resolve_spec
-from hpc_grpo.config.spec import SECRET_ENV
+from hpc_grpo.config.secrets import SECRET_ENV
 from hpc_grpo.common.yamlio import SpecError, parse_scalar
 
 VERL_RECIPE = "qwen2.5-3b-gsm8k-lora"

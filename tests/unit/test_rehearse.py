@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo.commands import rehearse as R
-from hpc_grpo.planning.plan import check_batches, check_layout
-from hpc_grpo.planning.resources import check_resources, check_verl_cpu, layout_of
+from hpc_grpo.engines.verl_checks import check_batches, check_layout, check_verl_cpu
+from hpc_grpo.config.layout import layout_of
+from hpc_grpo.planning.resources import check_resources
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.common.yamlio import SpecError

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo.runstate import runs
-from hpc_grpo.cluster import slurm
+from hpc_grpo.cluster import slurm_output
 from hpc_grpo.commands import status
 from hpc_grpo.launch.render import render_all, write_files
 from hpc_grpo.config.resolve import resolve_spec
@@ -115,7 +115,7 @@ def _entry(job: str, purpose: str, when: str, note: str = "", **data: object) ->
 
 
 def test_restarts_show_each_cause() -> None:
-    attempts = slurm.parse_attempts(SACCT)
+    attempts = slurm_output.parse_attempts(SACCT)
     assert [a.info.state for a in attempts["700"]] == ["REQUEUED", "PREEMPTED", "TIMEOUT", "REQUEUED", "RUNNING"]
     history = [_entry("700", "train", "2026-12-03T06:59:58"),
                _entry("700", "requeue", "2026-12-03T07:02:58", note="time limit warning: requeue 1 of 3")]

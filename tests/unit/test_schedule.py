@@ -11,7 +11,7 @@ import pytest
 from hpc_grpo.config import registry
 from hpc_grpo.planning.ckpt_size import checkpoint_size
 from hpc_grpo.common.findings import Severity
-from hpc_grpo.planning.models import resolve_shape
+from hpc_grpo.config.models import resolve_shape
 from hpc_grpo.planning.plan import run_plan
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.planning.schedule import checkpoint_steps, dataset_rows, estimate_step_s

@@ -1,10 +1,12 @@
-"""The parsing helpers of hpc_grpo.cluster.slurm on sample output (shapes measured on Slurm 22.05); no cluster needed."""
+"""Slurm's output parsers (hpc_grpo.cluster.slurm_output), its time strings and states, and the command runner
+of hpc_grpo.cluster.slurm, on sample output (shapes measured on Slurm 22.05); no cluster needed."""
 
 from __future__ import annotations
 
 import pytest
 
-from hpc_grpo.cluster import slurm
+from hpc_grpo.cluster import slurm, slurm_output, states
+from hpc_grpo.common.slurm_time import parse_duration
 
 
 @pytest.mark.parametrize(
@@ -24,13 +26,13 @@ from hpc_grpo.cluster import slurm
     ],
 )
 def test_parse_duration(text: str, seconds: int | None) -> None:
-    assert slurm.parse_duration(text) == seconds
+    assert parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("bad", ["abc", "1:2:3:4", "x-01:00:00"])
 def test_parse_duration_rejects_garbage(bad: str) -> None:
     with pytest.raises(ValueError, match="not a Slurm time"):
-        slurm.parse_duration(bad)
+        parse_duration(bad)
 
 
 @pytest.mark.parametrize(
@@ -46,7 +48,7 @@ def test_parse_duration_rejects_garbage(bad: str) -> None:
     ],
 )
 def test_parse_gres_gpus(gres: str, expected: tuple[int, str | None]) -> None:
-    assert slurm.parse_gres_gpus(gres) == expected
+    assert slurm_output.parse_gres_gpus(gres) == expected
 
 
 @pytest.mark.parametrize(
@@ -54,32 +56,32 @@ def test_parse_gres_gpus(gres: str, expected: tuple[int, str | None]) -> None:
     [("CANCELLED by 0", "CANCELLED"), ("RUNNING", "RUNNING"), ("cancelled+", "CANCELLED"), ("", "UNKNOWN")],
 )
 def test_normalize_state(raw: str, state: str) -> None:
-    assert slurm.normalize_state(raw) == state
+    assert states.normalize_state(raw) == state
 
 
 SINFO = "low*|4|4|gpu:4|4000|2:00:00\nhigh|4|4|gpu:4|4000|2:00:00\n"
 
 
 def test_parse_sinfo_named_and_default() -> None:
-    low = slurm.parse_sinfo(SINFO, "low")
-    assert low == slurm.PartitionLimits("low", 4, 4, 4, 4000, 120, None)
-    assert slurm.parse_sinfo(SINFO, None).name == "low"
-    assert slurm.parse_sinfo(SINFO, "high").max_time_min == 120
+    low = slurm_output.parse_sinfo(SINFO, "low")
+    assert low == slurm_output.PartitionLimits("low", 4, 4, 4, 4000, 120, None)
+    assert slurm_output.parse_sinfo(SINFO, None).name == "low"
+    assert slurm_output.parse_sinfo(SINFO, "high").max_time_min == 120
 
 
 def test_parse_sinfo_mixed_nodes_takes_smallest_and_sums() -> None:
     text = "gpu|8|64|gpu:a100:8(S:0-1)|512000|2-00:00:00\ngpu|2|48+|gpu:a100:4|256000+|2-00:00:00\n"
-    lim = slurm.parse_sinfo(text, "gpu")
+    lim = slurm_output.parse_sinfo(text, "gpu")
     assert (lim.nodes, lim.cpus_per_node, lim.gpus_per_node, lim.mem_per_node_mb) == (10, 48, 4, 256000)
     assert (lim.max_time_min, lim.gpu_type) == (2880, "a100")
 
 
 def test_parse_sinfo_no_limit_and_missing() -> None:
-    assert slurm.parse_sinfo("debug|1|2|(null)|1000|infinite\n", "debug").max_time_min is None
+    assert slurm_output.parse_sinfo("debug|1|2|(null)|1000|infinite\n", "debug").max_time_min is None
     with pytest.raises(LookupError, match="no partition 'nope'"):
-        slurm.parse_sinfo(SINFO, "nope")
+        slurm_output.parse_sinfo(SINFO, "nope")
     with pytest.raises(LookupError, match="default partition"):
-        slurm.parse_sinfo("a|1|1|(null)|1|1:00\n", None)
+        slurm_output.parse_sinfo("a|1|1|(null)|1|1:00\n", None)
 
 
 def test_parse_squeue() -> None:
@@ -90,9 +92,9 @@ def test_parse_squeue() -> None:
         "7|PENDING|0:00|0||Resources|\n"
         "8_3|RUNNING|1-02:03:04|0|node[1-2]|None|\n"
     )
-    jobs = slurm.parse_squeue(text)
+    jobs = slurm_output.parse_squeue(text)
     assert list(jobs) == ["4", "5", "6", "7", "8_3"]
-    assert jobs["4"] == slurm.JobInfo("4", "COMPLETED", "0:04", "0:0", "node1", "None", "squeue")
+    assert jobs["4"] == slurm_output.JobInfo("4", "COMPLETED", "0:04", "0:0", "node1", "None", "squeue")
     assert jobs["5"].exit_code == "3:0"  # wait status 768 = exit 3
     assert jobs["6"].exit_code == "0:9"  # killed by signal 9
     assert jobs["7"].nodelist == "" and jobs["7"].reason == "Resources" and jobs["7"].live
@@ -107,18 +109,18 @@ def test_parse_sacct_skips_steps_and_normalizes() -> None:
         "13|PENDING|00:00:00|0:0|None assigned|Priority\n"
         "14|RUNNING|00:00:05|0:0|node2|None\n"
     )
-    jobs = slurm.parse_sacct(text)
+    jobs = slurm_output.parse_sacct(text)
     assert list(jobs) == ["12", "13", "14"]
-    assert jobs["12"] == slurm.JobInfo("12", "CANCELLED", "00:00:18", "0:15", "node[1-4]", "None", "sacct")
+    assert jobs["12"] == slurm_output.JobInfo("12", "CANCELLED", "00:00:18", "0:15", "node[1-4]", "None", "sacct")
     assert jobs["13"].nodelist == "" and jobs["13"].live
     assert not jobs["12"].live and jobs["14"].live
 
 
 def test_parse_rejects_short_lines() -> None:
     with pytest.raises(ValueError, match="unexpected squeue line"):
-        slurm.parse_squeue("1|RUNNING\n")
+        slurm_output.parse_squeue("1|RUNNING\n")
     with pytest.raises(ValueError, match="unexpected sacct line"):
-        slurm.parse_sacct("1|RUNNING\n")
+        slurm_output.parse_sacct("1|RUNNING\n")
 
 
 @pytest.mark.parametrize(
@@ -126,7 +128,7 @@ def test_parse_rejects_short_lines() -> None:
     ["PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUE_HOLD", "RESIZING", "STOPPED"],
 )
 def test_is_live(state: str) -> None:
-    assert slurm.is_live(state)
+    assert states.is_live(state)
 
 
 @pytest.mark.parametrize(
@@ -134,7 +136,7 @@ def test_is_live(state: str) -> None:
     ["COMPLETED", "FAILED", "CANCELLED by 0", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"],
 )
 def test_is_not_live(state: str) -> None:
-    assert not slurm.is_live(state)
+    assert not states.is_live(state)
 
 
 @pytest.mark.parametrize("bad", ["12; rm -rf /", "", "abc", "1,2"])

@@ -8,7 +8,7 @@ import pytest
 
 from hpc_grpo.launch.render import frozen_spec_text
 from hpc_grpo.config.resolve import load_frozen, resolve_spec, split_overrides
-from hpc_grpo.config.spec import parse_time_minutes
+from hpc_grpo.common.slurm_time import parse_time_minutes
 from hpc_grpo.common.yamlio import SpecError
 
 

@@ -14,7 +14,7 @@ import pytest
 from hpc_grpo.evaluation import export
 from hpc_grpo.engines import verl_cpu
 from hpc_grpo.engines.verl import modelled_overrides
-from hpc_grpo.planning.resources import check_verl_cpu
+from hpc_grpo.engines.verl_checks import check_verl_cpu
 from hpc_grpo.config.resolve import resolve_spec
 
 PROBE = Path(__file__).with_name("verl_cpu_probe.py")

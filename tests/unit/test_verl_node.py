@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo.cluster import slurm
-from hpc_grpo.job import job_env, node_plan, proc_tree, verl_node
+from hpc_grpo.cluster import job_env, slurm, slurm_output
+from hpc_grpo.job import node_plan, proc_tree, verl_node
 from hpc_grpo.launch.render import render_all
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.common.yamlio import SpecError
@@ -130,12 +130,12 @@ SCONTROL_O = (
 
 
 def test_parse_node_addrs() -> None:
-    assert slurm.parse_node_addrs(SCONTROL_O) == {"node1": "127.0.0.11", "node3": "127.0.0.13"}
+    assert slurm_output.parse_node_addrs(SCONTROL_O) == {"node1": "127.0.0.11", "node3": "127.0.0.13"}
 
 
 def test_slurm_layout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(slurm, "hostnames", lambda nodelist: ["node1", "node3"] if nodelist == "node[1,3]" else [])
-    monkeypatch.setattr(slurm, "node_addresses", lambda names: slurm.parse_node_addrs(SCONTROL_O))
+    monkeypatch.setattr(slurm, "node_addresses", lambda names: slurm_output.parse_node_addrs(SCONTROL_O))
     env = {"SLURM_JOB_ID": "31", "SLURM_NODEID": "1", "SLURMD_NODENAME": "node3", "SLURM_JOB_NODELIST": "node[1,3]",
            "SLURM_RESTART_COUNT": "2"}
     lay = job_env.node_layout(2, None, env)

@@ -11,7 +11,7 @@ from hpc_grpo.engines.verl import RECOMPUTE, VerlEngine
 from hpc_grpo.common.findings import Severity
 from hpc_grpo.planning.plan import run_plan
 from hpc_grpo.config.resolve import resolve_spec
-from hpc_grpo.config.spec import SpecError
+from hpc_grpo.common.yamlio import SpecError
 
 OTC = "actor_rollout_ref.actor.megatron.override_transformer_config"
 

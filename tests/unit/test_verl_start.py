@@ -23,7 +23,7 @@ from hpc_grpo.common.findings import Severity
 from hpc_grpo.job import node_plan
 from hpc_grpo.launch.render import render_all
 from hpc_grpo.config.resolve import job_python, load_frozen, resolve_spec
-from hpc_grpo.config.spec import Setup
+from hpc_grpo.config.cluster import Setup
 
 VERL_RECIPES = [r for r in registry.list_names("recipes") if r not in ("tiny-gsm8k",)]
 CLUSTERS = registry.list_names("clusters")

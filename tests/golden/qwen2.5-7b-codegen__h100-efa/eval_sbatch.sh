@@ -5,7 +5,7 @@
 #SBATCH --job-name=golden-eval
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node=h100:8
+#SBATCH --gpus-per-node=h100:1
 #SBATCH --cpus-per-task=192
 #SBATCH --time=60
 #SBATCH --partition=p5

@@ -5,7 +5,7 @@
 #SBATCH --job-name=golden-eval
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
-#SBATCH --gres=gpu:h100:8
+#SBATCH --gres=gpu:h100:1
 #SBATCH --cpus-per-task=96
 #SBATCH --time=60
 #SBATCH --partition=h100

@@ -1,4 +1,5 @@
-"""Model shape facts, so `plan` can check layouts and memory on an offline login node.
+"""Model shape facts, so `plan` and the engines' own rules can check layouts and memory on an offline login node.
+In config/ beside the spec: a fact about the recipe's input (its model), below the engines that read it.
 
 A local model folder's config.json wins; otherwise a built-in table holds the families the recipes
 use (values copied from the public Hugging Face config.json files). Parameter counts are computed
@@ -179,6 +180,23 @@ def param_groups(shape: ModelShape) -> ParamGroups:
         qk_norm=shape.qk_norm,
         num_moe_layers=shape.num_moe_layers if shape.num_moe_layers >= 0 else None,
     )
+
+
+def lora_trainable_params(shape: ModelShape, rank: int) -> int:
+    """Adapter parameters for LoRA on all linear layers: rank x (in + out) per linear layer.
+
+    Counts q/k/v/o, gate/up/down of dense MLPs and of every expert, and the MoE router; PEFT's
+    all-linear leaves the lm_head out.
+    """
+    if rank <= 0:
+        return 0
+    h, d = shape.hidden_size, shape.head_dim
+    q, kv = shape.num_attention_heads * d, shape.num_key_value_heads * d
+    attn = (h + q) + 2 * (h + kv) + (q + h)
+    dense_layers = shape.num_hidden_layers - shape.num_moe_layers
+    per_dense = 3 * (h + shape.intermediate_size)
+    per_moe = shape.num_experts * 3 * (h + shape.moe_intermediate_size) + (h + shape.num_experts)
+    return rank * (attn * shape.num_hidden_layers + per_dense * dense_layers + per_moe * shape.num_moe_layers)
 
 
 # ------------------------------------------------------------------------------------ the table

@@ -1,0 +1,129 @@
+"""Typed cluster profiles: scheduler, partition, node shape, restart mode, the job's environment set-up and the
+runs root. Unknown keys fail (hpc_grpo.config.keys names the closest valid one)."""
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from hpc_grpo.common.slurm_time import parse_time_minutes
+from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.config.fields import Strict, expand_path, expand_vars, slurm_word
+from hpc_grpo.config.secrets import secret_error, secret_in
+
+PATH_RE = re.compile(r"^[A-Za-z0-9_./@%+=:,~-]+\Z")
+
+
+class Setup(Strict):
+    """Environment set-up before the job runs; each value is quoted into the script."""
+
+    modules: list[str] = []
+    venv: str | None = None
+    conda: str | None = None
+    container: str | None = None
+    # The interpreter every in-job step runs (submitit's task, Ray's CLI, the drivers). Unset: <venv>/bin/python,
+    # else python3 of the conda env / container, else the interpreter that submitted (hpc_grpo.config.resolve.job_python).
+    python: str | None = None
+
+    _expand = field_validator("venv", "conda", "python")(
+        classmethod(lambda cls, v: None if v is None else expand_path(v))
+    )
+
+
+class Cluster(Strict):
+    """One cluster profile: scheduler, partition, node shape, NCCL/network env, scratch root."""
+
+    name: str
+    description: str = ""
+    scheduler: Literal["slurm", "local"] = "slurm"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    nodes_max: int = Field(default=1, gt=0)
+    gpus_per_node: int = Field(default=0, ge=0)
+    gpu_type: str | None = None
+    gpu_memory_gb: float = Field(default=80, gt=0)
+    cpus_per_node: int = Field(default=8, gt=0)
+    mem_per_node_gb: float = Field(default=64, gt=0)
+    gpu_request: Literal["gpus-per-node", "gres"] = "gpus-per-node"
+    time_max: str = "2-00:00:00"
+    signal_delay_s: int = Field(default=120, ge=0)
+    requeue: bool = True
+    # How a run carries on after a time limit or preemption: "requeue" (the job requeues itself, scontrol requeue)
+    # or "chain" (for sites where users may not requeue: each job queues its follow-on with
+    # --dependency=afternotok:<job>, which resumes only after TIMEOUT, PREEMPTED or NODE_FAIL).
+    restart: Literal["requeue", "chain"] = "requeue"
+    runs_root: str = "~/hpc-grpo-runs"
+    shared_paths: list[str] = Field(default_factory=list, description="folders every node sees (checked for nodes > 1)")
+    offline: bool = Field(default=False, description="compute nodes cannot reach the Hugging Face Hub")
+    slurm_cluster_name: str | None = Field(default=None, description="Slurm's ClusterName: picks this profile")
+    # scheduler=local: the address a Ray job binds to. Loopback, so nothing leaves the machine, but not 127.0.0.1:
+    # Ray silently rewrites 127.0.0.1 and localhost to the machine's external address.
+    local_address: str = Field(default="127.0.0.2", description="scheduler=local: the job's Ray address (127.0.0.0/8, "
+                                                                 "not 127.0.0.1)")
+    setup: Setup = Field(default_factory=Setup)
+    env: dict[str, str] = {}
+
+    @field_validator("local_address")
+    @classmethod
+    def _local_address(cls, v: str) -> str:
+        import ipaddress
+
+        try:
+            addr = ipaddress.IPv4Address(v)
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IPv4 address") from None
+        if not addr.is_loopback or addr == ipaddress.IPv4Address("127.0.0.1"):
+            raise ValueError(f"{v}: use a loopback address other than 127.0.0.1 (Ray rewrites that one to the "
+                             "machine's external address), e.g. 127.0.0.2")
+        return str(addr)
+
+    @field_validator("time_max", mode="before")
+    @classmethod
+    def _time(cls, v: Any) -> str:
+        parse_time_minutes(v)
+        return str(v)
+
+    _words = field_validator("partition", "account", "qos", "gpu_type")(classmethod(lambda cls, v: slurm_word(v)))
+
+    @field_validator("runs_root")
+    @classmethod
+    def _runs_root(cls, v: str) -> str:
+        if not PATH_RE.match(v.replace("$", "")):
+            raise ValueError(f"{v!r}: the runs root goes on #SBATCH lines; use no spaces or shell characters")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if secret_in(key):
+                raise ValueError(str(secret_error(key)))
+        return v
+
+    @property
+    def time_max_min(self) -> int:
+        return parse_time_minutes(self.time_max)
+
+    def shared_path_list(self) -> list[Path]:
+        """shared_paths with ~ and $VARS expanded (an unset variable leaves the entry out: it cannot match)."""
+        out = []
+        for item in self.shared_paths:
+            expanded = expand_vars(item)
+            if "$" not in expanded:
+                out.append(Path(expanded).absolute())
+        return out
+
+    def runs_root_path(self) -> Path:
+        """runs_root with ~ and $VARS expanded; an unset variable is an error, not a literal '$'."""
+        expanded = expand_vars(self.runs_root)
+        if "$" in expanded:
+            raise SpecError(
+                f"{self.runs_root!r} names an environment variable that is not set; "
+                "set it or write an absolute path",
+                key="cluster.runs_root",
+            )
+        return Path(expanded).absolute()

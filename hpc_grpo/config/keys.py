@@ -1,0 +1,107 @@
+"""Error messages that name the key: pydantic's errors turned into one line per bad key (where it was set, what is
+wrong, "did you mean"), the names users bring from verl, trl and the field reports, and the old names still
+accepted."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.config.secrets import HIDDEN, redact, secret_in
+from hpc_grpo.config.spec import Recipe
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """Walk a pydantic model class along an error location to the model that owns the last key."""
+    current: type[BaseModel] = model
+    for part in loc[:-1]:
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            current = ann
+        else:
+            return None
+    return current
+
+
+# Names users bring from verl, trl or the field reports, and the recipe key that means the same.
+ALIASES = {
+    "grpo.group_size": "grpo.n",
+    "grpo.num_generations": "grpo.n",
+    "grpo.rollout_n": "grpo.n",
+    "grpo.beta": "grpo.kl_coef",
+    "grpo.kl_loss_coef": "grpo.kl_coef",
+    "grpo.learning_rate": "grpo.lr",
+    "batch.train_batch_size": "batch.train",
+    "batch.ppo_mini_batch_size": "batch.mini",
+    "batch.ppo_micro_batch_size_per_gpu": "batch.micro_per_gpu",
+    "batch.use_dynamic_bsz": "batch.dynamic_bsz",
+    "data.train_batch_size": "batch.train",
+    "parallel.tensor_model_parallel_size": "parallel.tp",
+    "parallel.pipeline_model_parallel_size": "parallel.pp",
+    "parallel.expert_model_parallel_size": "parallel.ep",
+    "parallel.context_parallel_size": "parallel.cp",
+    "checkpoint.max_actor_ckpt_to_keep": "checkpoint.keep_last",
+    "checkpoint.save_total_limit": "checkpoint.keep_last",
+    "checkpoint.keep_latest_k": "checkpoint.keep_last",
+    "checkpoint.max_mem": "checkpoint.max_bytes",
+    "train.max_steps": "train.total_training_steps",
+    "resources.n_gpus_per_node": "resources.gpus_per_node",
+    "resources.nnodes": "resources.nodes",
+}
+
+
+# Old names that are still accepted (ALIASES above are only suggested): each is renamed to its new name where it is
+# written, a file or the command line, so a value under the old name takes the same precedence as one under the new.
+ACCEPTED_ALIASES = {
+    "checkpoint.keep": "checkpoint.keep_last",
+}
+
+
+def canonical_key(key: str) -> str:
+    """The recipe key an accepted old name stands for (itself for every other key)."""
+    return ACCEPTED_ALIASES.get(key, key)
+
+
+def did_you_mean(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    dotted = ".".join(map(str, loc))
+    if model is Recipe and dotted in ALIASES:
+        return f"did you mean '{ALIASES[dotted]}'? "
+    owner = _model_at(model, loc)
+    if owner is None:
+        return ""
+    names = list(owner.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.5)
+    if close:
+        return f"did you mean '{'.'.join(map(str, (*loc[:-1], close[0])))}'? "
+    return f"valid keys here: {', '.join(names)}. "
+
+
+def validation_error(
+    exc: ValidationError, model: type[BaseModel], where: dict[str, str], prefix: str = ""
+) -> SpecError:
+    """Turn pydantic's error into one message per bad key: where it was set, what is wrong, the fix."""
+    parts: list[str] = []
+    first_key = ""
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        key = prefix + ".".join(str(p) for p in loc)
+        first_key = first_key or key
+        dotted = ".".join(str(p) for p in loc)
+        origin = where.get(dotted) or next((v for k, v in where.items() if k.startswith(dotted + ".")), "")
+        origin = f" ({origin})" if origin else ""
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key{origin}; {did_you_mean(model, loc)}".rstrip()
+        elif err["type"] == "missing":
+            msg = f"required key is missing{origin}"
+        else:
+            text = str(err["msg"]).removeprefix("Value error, ")
+            shown = HIDDEN if any(secret_in(str(p)) for p in loc) else redact(err.get("input"))
+            msg = f"{text}, got {shown!r}{origin}"
+        parts.append(f"{key}: {msg}")
+    return SpecError("\n  ".join(parts), key=first_key)
