@@ -85,7 +85,8 @@ def eval_cmd(
 
 def report(
     run: RunT = None,
-    png: Annotated[Optional[Path], typer.Option("--png", help=f"where to write the figure (default: RUN/{REPORT_FILE})")] = None,
+    png: Annotated[Optional[Path], typer.Option(
+        "--png", help=f"where to write the figure (default: RUN/{REPORT_FILE})")] = None,
 ) -> None:
     """Training curves (reward, KL, response length, entropy) and GSM8K accuracy per step: a PNG and a summary."""
     from hpc_grpo.commands import report as report_mod

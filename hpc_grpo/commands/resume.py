@@ -57,7 +57,8 @@ class ResumePlan:
         """What the CLI prints before it submits (or instead, for a finished run without --force)."""
         lines = [f"Run {self.spec.run_name}: {self.spec.run_dir}"]
         if self.nothing_to_do(force):
-            lines.append(f"Run {self.spec.run_name} finished ({layout.DONE_FILE}: step {self.finished.get('final_step')}): "
+            step = self.finished.get("final_step")
+            lines.append(f"Run {self.spec.run_name} finished ({layout.DONE_FILE}: step {step}): "
                          "nothing to resume. Use --force to resubmit it anyway (e.g. with more training steps).")
             return lines
         lines.append(f"It {self.from_text()}.")

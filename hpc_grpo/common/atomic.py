@@ -3,8 +3,8 @@
 A temp file in the target's folder, then os.replace: a reader (another node, a poller, a killed job's successor)
 sees the old file or the new one, never half of one. A folder (an export, the tiny model) is built in a temp folder
 beside its target and renamed into place, so a folder that exists is whole. mkstemp makes its file 0600 and
-os.replace keeps that mode, which would hide data files and run-dir state from the group sharing them: the file gets the mode a plain open()
-would give it, 0666 less the umask.
+os.replace keeps that mode, which would hide data files and run-dir state from the group sharing them: the file
+gets the mode a plain open() would give it, 0666 less the umask.
 """
 
 from __future__ import annotations
