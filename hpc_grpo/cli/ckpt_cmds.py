@@ -36,12 +36,12 @@ def resume(
     refuse_unless_ok(checked, "Nothing submitted")
     if dry_run:
         from hpc_grpo.launch.render import render_all
-        from hpc_grpo.runstate import runs
+        from hpc_grpo.runstate.layout import HISTORY_FILE
 
         print_findings(checked.findings)
         out.print(f"Overrides: {' '.join(plan.overrides) or 'none (the frozen spec as it is)'}")
         files = render_all(spec)
-        out.print(f"Would rewrite in {spec.run_dir}: {', '.join(files)}; and add a 'resume' line to {runs.HISTORY}")
+        out.print(f"Would rewrite in {spec.run_dir}: {', '.join(files)}; and add a 'resume' line to {HISTORY_FILE}")
         print_would_queue(spec, files)
         return
     print_submitted(submit_resume(plan), spec, wait)

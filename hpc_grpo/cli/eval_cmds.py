@@ -10,6 +10,7 @@ import typer
 
 from hpc_grpo.cli.console import Table, out, print_json
 from hpc_grpo.cli.options import JsonT, RunT
+from hpc_grpo.runstate.layout import REPORT_FILE
 
 StepT = Annotated[Optional[list[int]], typer.Option("--step", help="checkpoint step (repeatable; default: newest)")]
 
@@ -74,14 +75,18 @@ def eval_cmd(
 
         dep = f" ({dependency(outcome.after)}, evaluates only if the run is trained)" if outcome.after else ""
         out.print(f"Eval job {outcome.job_id}{dep} queued; log: {outcome.log}")
-        out.print(f"Results will be in {outcome.run_dir}/eval/step_N.json; see them with: hpc-grpo report {outcome.run_dir}")
+        from hpc_grpo.runstate.layout import eval_dir
+
+        out.print(f"Results will be in {eval_dir(outcome.run_dir)}, one file per step; see them with: "
+                  f"hpc-grpo report {outcome.run_dir}")
         return
     print_eval_rows(outcome.results)
 
 
 def report(
     run: RunT = None,
-    png: Annotated[Optional[Path], typer.Option("--png", help="where to write the figure (default: RUN/report.png)")] = None,
+    png: Annotated[Optional[Path], typer.Option(
+        "--png", help=f"where to write the figure (default: RUN/{REPORT_FILE})")] = None,
 ) -> None:
     """Training curves (reward, KL, response length, entropy) and GSM8K accuracy per step: a PNG and a summary."""
     from hpc_grpo.commands import report as report_mod

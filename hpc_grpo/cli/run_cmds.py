@@ -110,18 +110,18 @@ def refuse_unless_ok(result: Any, what: str) -> None:
 
 def print_would_queue(spec: Any, files: dict[str, str]) -> None:
     """What submit and resume --dry-run would hand to submitit: the job's script (shown) and the eval job after it."""
-    from hpc_grpo.evaluation.evaluate import EVAL_SCRIPT
+    from hpc_grpo.runstate.layout import EVAL_SBATCH_SCRIPT, LAUNCH_SCRIPT, SBATCH_SCRIPT
 
     executor = "submitit SlurmExecutor" if spec.cluster.scheduler == "slurm" else "submitit LocalExecutor"
-    out.print(f"Would submit scripts/sbatch.sh through {executor}" if spec.cluster.scheduler == "slurm"
-              else f"Would run scripts/launch.sh through {executor}")
-    out.rule("scripts/sbatch.sh")
-    out.out(files["scripts/sbatch.sh"], end="")
-    if EVAL_SCRIPT in files:
-        out.print(f"Would queue {EVAL_SCRIPT} after it, adding #SBATCH --dependency=afterany:<its job id> "
+    out.print(f"Would submit {SBATCH_SCRIPT} through {executor}" if spec.cluster.scheduler == "slurm"
+              else f"Would run {LAUNCH_SCRIPT} through {executor}")
+    out.rule(SBATCH_SCRIPT)
+    out.out(files[SBATCH_SCRIPT], end="")
+    if EVAL_SBATCH_SCRIPT in files:
+        out.print(f"Would queue {EVAL_SBATCH_SCRIPT} after it, adding #SBATCH --dependency=afterany:<its job id> "
                   "(the eval job evaluates only if the run is trained)")
-        out.rule(EVAL_SCRIPT)
-        out.out(files[EVAL_SCRIPT], end="")
+        out.rule(EVAL_SBATCH_SCRIPT)
+        out.out(files[EVAL_SBATCH_SCRIPT], end="")
 
 
 def print_submitted(submission: Any, spec: Any, wait: bool | None) -> None:

@@ -7,7 +7,6 @@ value an #SBATCH line cannot hold (a line break).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hpc_grpo.config.spec import RunSpec
@@ -41,7 +40,7 @@ def request(spec: RunSpec) -> Request:
     r, c = spec.recipe, spec.cluster
     res = r.resources
     return Request(job_name=spec.run_name, nodes=res.nodes, gpus_per_node=spec.gpus_per_node, gpu_type=c.gpu_type,
-                   gpu_request=c.gpu_request, cpus_per_task=res.cpus_per_task or c.cpus_per_node, mem_gb=res.mem_gb,
+                   gpu_request=c.gpu_request, cpus_per_task=spec.cpus_per_task, mem_gb=res.mem_gb,
                    time_min=res.time_min, partition=res.partition or c.partition, account=res.account or c.account,
                    qos=res.qos or c.qos, signal_delay_s=c.signal_delay_s)
 
@@ -57,9 +56,10 @@ def follow_on(after: str) -> list[tuple[str, Any]]:
     return [("dependency", dependency(AFTER_NOT_OK, after)), ("kill-on-invalid-dep", "yes")]
 
 
-def options(req: Request, folder: Path, extra: list[tuple[str, Any]] | None = None) -> list[tuple[str, Any]]:
-    """The #SBATCH options, in the order the batch script lists them. `folder`: the run's submitit folder (the
-    job's logs); `extra`: more options (the evaluation job's afterany dependency, a chained follow-on's afternotok)."""
+def options(req: Request, logs: tuple[str, str], extra: list[tuple[str, Any]] | None = None) -> list[tuple[str, Any]]:
+    """The #SBATCH options, in the order the batch script lists them. `logs`: the job's stdout and stderr patterns
+    (in the run's submitit folder: hpc_grpo.runstate.layout); `extra`: more options (the evaluation job's afterany
+    dependency, a chained follow-on's afternotok)."""
     gpus = req.gpus_per_node
     sbatch: list[tuple[str, Any]] = [
         ("job-name", req.job_name),
@@ -81,17 +81,17 @@ def options(req: Request, folder: Path, extra: list[tuple[str, Any]] | None = No
     sbatch += [
         ("signal", f"USR2@{req.signal_delay_s}"),
         *(extra or []),
-        ("output", f"{folder}/%j_0_log.out"),
-        ("error", f"{folder}/%j_0_log.err"),
+        ("output", logs[0]),
+        ("error", logs[1]),
         ("open-mode", "append"),
     ]
     return sbatch
 
 
-def srun_args(folder: Path, container: str | None, run_dir: str) -> list[str]:
-    """The options of the srun line that starts one task per node: per-task logs in `folder`; in a container, the
-    run directory mounted at its own path."""
-    srun = ["--unbuffered", "--output", f"{folder}/%j_%t_log.out", "--error", f"{folder}/%j_%t_log.err"]
+def srun_args(logs: tuple[str, str], container: str | None, run_dir: str) -> list[str]:
+    """The options of the srun line that starts one task per node: `logs`, the stdout and stderr patterns of each
+    task; in a container, the run directory mounted at its own path."""
+    srun = ["--unbuffered", "--output", logs[0], "--error", logs[1]]
     if container:
         srun += [f"--container-image={container}", f"--container-mounts={run_dir}:{run_dir}",
                  "--no-container-mount-home"]

@@ -16,9 +16,10 @@ from typing import Any
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.resolve import load_frozen
 from hpc_grpo.launch.submit import submit_eval
-from hpc_grpo.runstate import runs
+from hpc_grpo.runstate import layout, runs
 from hpc_grpo.evaluation.evaluate import (
     GSM8K_RAW_HINT,
+    MODEL_RESULT,
     check_tasks,
     data_files,
     default_data_files,
@@ -27,8 +28,6 @@ from hpc_grpo.evaluation.evaluate import (
     needs_gsm8k,
 )
 
-
-MODEL_RESULT = "eval.json"  # what `eval --model` writes into its output folder (hpc_grpo.job.eval_job)
 
 @dataclass
 class EvalOutcome:
@@ -56,7 +55,7 @@ def eval_run(run_dir: Path, steps: list[int], all_kept: bool, tasks: list[str] |
     training job, if there is one)."""
     if steps and all_kept:
         raise SpecError("--step and --all-kept exclude each other: give one", key="step")
-    spec = load_frozen(run_dir / runs.SPEC)
+    spec = load_frozen(layout.spec_file(run_dir))
     if tasks:
         check_tasks(tasks)
     if needs_gsm8k(tasks or spec.recipe.eval.tasks):
@@ -111,10 +110,8 @@ def eval_model(model: str, out: Path, tasks: list[str] | None, limit: int | None
 
 def with_paths(results: list[dict[str, Any]], run_dir: Path) -> list[dict[str, Any]]:
     """The run's evaluation results, each given the "path" of its RUN/eval/step_N.json (the CLI prints it)."""
-    from hpc_grpo.evaluation.evaluate import result_path
-
     for r in results:
-        r["path"] = str(result_path(run_dir, r["step"]))
+        r["path"] = str(layout.eval_result(run_dir, r["step"]))
     return results
 
 
@@ -176,10 +173,9 @@ def humaneval(run: str | None, model: str | None, json_out: Path | None, **opts:
     if run is not None:
         from hpc_grpo.commands.status import locate_run
         from hpc_grpo.config.resolve import load_frozen
-        from hpc_grpo.runstate.runs import SPEC
 
         run_dir = locate_run(run)
-        setting = load_frozen(run_dir / SPEC).recipe.grpo.code.isolation
+        setting = load_frozen(layout.spec_file(run_dir)).recipe.grpo.code.isolation
     try:
         isolation.require(setting)
     except isolation.IsolationRefused as exc:

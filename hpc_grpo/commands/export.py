@@ -35,9 +35,9 @@ def export_run(run: str | None, step: int | None, starting: Callable[[Any], None
     from hpc_grpo.config.resolve import load_frozen
     from hpc_grpo.evaluation import export
     from hpc_grpo.job.eval_job import EvalError, base_model_path, choose
-    from hpc_grpo.runstate import runs
+    from hpc_grpo.runstate import layout
 
-    spec = load_frozen(locate_run(run) / runs.SPEC)
+    spec = load_frozen(layout.spec_file(locate_run(run)))
     try:
         (ckpt,) = choose(spec, [] if step is None else [step], all_kept=False)
     except EvalError as exc:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.commands.monitor import log_path, newest_job
-from hpc_grpo.runstate import runs
+from hpc_grpo.runstate import layout, runs
 
 POLL_S = 1.0  # how often the log is read again while following
 LIVE_CHECK_S = 5.0  # how often `logs -f` asks Slurm whether the job still lives (squeue is not free)
@@ -32,7 +32,7 @@ def choose_log(run: str | None, job: str | None, node: int, stderr: bool) -> Log
     from hpc_grpo.config.resolve import load_frozen
 
     run_dir = locate_run(run)
-    spec = load_frozen(run_dir / runs.SPEC)
+    spec = load_frozen(layout.spec_file(run_dir))
     job = job or newest_job(run_dir)
     if job is None:
         raise SpecError(f"run {run_dir.name} has no job yet", key="run")

@@ -13,8 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo.launch import render
-from hpc_grpo.runstate import runs
+from hpc_grpo.runstate import layout, runs
 from hpc_grpo.runstate import metrics as engine_metrics
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.config.steps import total_steps
@@ -49,7 +48,7 @@ class Monitor:
 # ------------------------------------------------------------------------------------------------------- logs
 def log_path(spec: RunSpec, job_id: str, node: int = 0, err: bool = False) -> Path:
     """One node's log of a job: task N runs on node N (one task per node); node 0's is the driver's."""
-    return render.submitit_dir(spec) / f"{job_id}_{int(node)}_log.{'err' if err else 'out'}"
+    return layout.job_log(spec.path, job_id, int(node), err)
 
 
 def newest_job(run_dir: Path) -> str | None:
@@ -63,7 +62,7 @@ def read_rows(spec: RunSpec) -> tuple[list[dict[str, Any]], int | None, str]:
     metrics.jsonl, else (verl) every allocation's driver log, oldest first."""
     logs = [log_path(spec, j) for j in runs.job_ids(spec.path)] if spec.recipe.engine == "verl" else []
     got = engine_metrics.run_metrics(spec.path, logs)
-    return got.rows, got.total, got.source or str(spec.path / engine_metrics.METRICS_FILE)
+    return got.rows, got.total, got.source or str(layout.metrics_file(spec.path))
 
 
 def step_time(rows: list[dict[str, Any]]) -> float | None:

@@ -20,7 +20,8 @@ def prune_runs(run: str | None, all_runs: bool, *, dry_run: bool, max_bytes: str
     from hpc_grpo.commands.status import locate_run, runs_roots
     from hpc_grpo.config.resolve import load_frozen
     from hpc_grpo.config.fields import parse_size
-    from hpc_grpo.runstate.runs import SPEC, find_runs
+    from hpc_grpo.runstate.layout import spec_file
+    from hpc_grpo.runstate.runs import find_runs
 
     if all_runs and run:
         raise SpecError(f"give a run ({run!r}) or --all, not both", key="run")
@@ -37,7 +38,7 @@ def prune_runs(run: str | None, all_runs: bool, *, dry_run: bool, max_bytes: str
     dirs = find_runs(runs_roots()) if all_runs else [locate_run(run)]
     results = []
     for d in dirs:
-        spec = load_frozen(d / SPEC)
+        spec = load_frozen(spec_file(d))
         policy = Policy.from_recipe(spec.recipe.checkpoint, **overrides)
         results.append(prune_run(d, spec.recipe.engine, policy, dry_run=dry_run))
     return results

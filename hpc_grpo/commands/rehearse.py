@@ -31,9 +31,9 @@ from typing import Any
 
 from hpc_grpo.config.spec import RunSpec, default_run_name
 from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.runstate import layout
 
 TINY_MODEL = "~/.cache/hpc-grpo/tiny-qwen2"
-DATA_DIR = "rehearsal-data"  # inside the rehearsal's run directory
 TRAIN_ROWS = 16  # a handful: 4 prompts per step, margin for rows filter_overlong_prompts drops
 VAL_ROWS = 4
 MAX_PROMPT = 256  # the tiny model's context is 512 tokens
@@ -208,16 +208,18 @@ class Check:
 def judge(ev: Evidence, eval_expected: bool = True, val_expected: bool = False) -> list[Check]:
     """The exercised table: pure, so the report is unit-tested without a job. val_expected: the recipe validates
     (train.test_freq > 0), so verl validates at its last step, in each job."""
+    from hpc_grpo.runstate.checkpoints import folder_step
+
     want = list(range(1, RESUMED_STEPS + 1))
-    names = [f"global_step_{s}" for s in want]
+    saved = {folder_step("verl", Path(c).name) for c in ev.checkpoints}
     checks = [
         Check("training steps (verl main_ppo on CPU)", all(s in ev.steps_logged for s in want),
               f"steps logged: {', '.join(map(str, ev.steps_logged)) or 'none'}"),
-        Check("checkpoint at every step", all(n in {Path(c).name for c in ev.checkpoints} for n in names),
+        Check("checkpoint at every step", all(s in saved for s in want),
               ", ".join(ev.checkpoints) or "no complete checkpoint"),
         Check("resume from a real checkpoint (hpc-grpo resume)", ev.resumed_from == FIRST_STEPS,
-              f"history.jsonl: job {ev.resume_job} start resumed from step {ev.resumed_from}" if ev.resume_job
-              else "no start event of a resumed job in history.jsonl"),
+              f"{layout.HISTORY_FILE}: job {ev.resume_job} start resumed from step {ev.resumed_from}" if ev.resume_job
+              else f"no start event of a resumed job in {layout.HISTORY_FILE}"),
     ]
     if val_expected:
         checks.append(Check("validation (the recipe's train.test_freq)", bool(ev.validated),
@@ -239,10 +241,11 @@ def collect(run_dir: Path) -> Evidence:
     from hpc_grpo.runstate import checkpoints as ck
     from hpc_grpo.evaluation import evaluate, export
     from hpc_grpo.runstate import runs
-    from hpc_grpo.runstate.metrics import METRICS_FILE, read_raw, run_metrics
+    from hpc_grpo.runstate.metrics import read_raw, run_metrics
 
     steps = sorted({int(r["step"]) for r in run_metrics(run_dir).rows if r.get("step") is not None})
-    validated = [s for s, raw in read_raw(Path(run_dir) / METRICS_FILE).items() if any(k.startswith("val-") for k in raw)]
+    validated = [s for s, raw in read_raw(layout.metrics_file(run_dir)).items()
+                 if any(k.startswith("val-") for k in raw)]
     complete = [str(c.path) for c in ck.list_checkpoints(run_dir, "verl") if c.complete]
     history = runs.read_history(run_dir)
     resumed = [e.job_id for e in history if e.purpose == "resume"]
@@ -252,7 +255,7 @@ def collect(run_dir: Path) -> Evidence:
     last = results[-1] if results else None
     folder = export.cached_export(run_dir, last["step"]) if last else None
     if folder is None:
-        found = sorted(Path(run_dir, export.EXPORTS_DIR).glob("step_*/" + export.MARKER))
+        found = layout.exports_done(run_dir)
         folder = found[-1].parent if found else None
     return Evidence(
         steps_logged=steps, validated=validated, checkpoints=complete,
@@ -260,7 +263,7 @@ def collect(run_dir: Path) -> Evidence:
         export=str(folder) if folder else None, export_how=export.export_info(folder).get("how", "") if folder else "",
         eval_step=last.get("step") if last else None,
         eval_scores=evaluate.metrics_of(last.get("scores", {})) if last else {},
-        eval_file=str(evaluate.result_path(run_dir, last["step"])) if last else None)
+        eval_file=str(layout.eval_result(run_dir, last["step"])) if last else None)
 
 
 # ------------------------------------------------------------------------------------------- the run
@@ -328,7 +331,7 @@ def prepare_inputs(spec: RunSpec, run_dir: Path, python: str) -> ShrinkInputs:
 
     model = ensure_tiny_model(python)
     d = spec.recipe.data
-    folder = run_dir / DATA_DIR
+    folder = layout.rehearsal_data_dir(run_dir)
     train = folder / f"train{Path(d.train_files).suffix}"
     val = folder / f"val{Path(d.val_files).suffix}"
     sample_rows(Path(d.train_files), train, TRAIN_ROWS, "data.train_files")
@@ -414,5 +417,5 @@ def run_rehearsal(recipe: str, cluster: str, overrides: list[str], run_name: str
     if out.failed is None and not out.ok:
         bad = next(c for c in out.checks if not c.ok)
         out.failed = StepFailed(bad.what, f"the jobs completed but the run directory lacks it: {bad.evidence}",
-                                str(Path(spec.run_dir) / "submitit"))
+                                str(layout.submitit_dir(spec.run_dir)))
     return out

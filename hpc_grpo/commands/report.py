@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.evaluation import evaluate
+from hpc_grpo.runstate import layout
 from hpc_grpo.runstate import metrics as engine_metrics
 
-FIGURE = "report.png"  # RUN/report.png, where the figure goes unless --png says otherwise
 # Our curve name -> the name hpc_grpo.runstate.metrics reads it under (from either engine's keys).
 CURVES: dict[str, str] = {"reward": "reward", "kl": "kl", "response length": "response_length", "entropy": "entropy"}
 
@@ -57,8 +57,7 @@ def score_keys(s: dict[str, Any]) -> list[tuple[str, str]]:
 def build(run_dir: Path) -> Report:
     """Curves from the run's metrics (hpc_grpo.runstate.metrics: metrics.jsonl, else verl's console lines in the
     driver logs of RUN/submitit) and the evaluation points."""
-    logs = sorted((run_dir / "submitit").glob("*_0_log.out")) if (run_dir / "submitit").is_dir() else []
-    got = engine_metrics.run_metrics(run_dir, logs)
+    got = engine_metrics.run_metrics(run_dir, layout.driver_logs(run_dir))
     rep = Report(run_dir.name, source=got.source, evals=evaluate.load_results(run_dir))
     for curve, name in CURVES.items():
         rep.steps[curve] = [(r["step"], float(r[name])) for r in got.rows if isinstance(r.get(name), (int, float))]
@@ -67,7 +66,7 @@ def build(run_dir: Path) -> Report:
 
 def figure_path(run_dir: Path, png: Path | None = None) -> Path:
     """Where `report` writes its figure: --png, else RUN/report.png."""
-    return png or Path(run_dir) / FIGURE
+    return png or layout.report_file(run_dir)
 
 
 def draw(rep: Report, out: Path) -> Path:

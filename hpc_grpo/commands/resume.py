@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.runstate import checkpoints as ck
-from hpc_grpo.runstate import runs
+from hpc_grpo.runstate import layout, runs
 from hpc_grpo.config.keys import canonical_key
 from hpc_grpo.config.secrets import redact, secret_error, secret_in
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.planning.world_size import check_world_size
 from hpc_grpo.common.yamlio import SpecError, parse_scalar
 
-DONE_FILE = runs.DONE_FILE
 # What may change without --force: where and how long the run is allowed to run, not what it trains.
 FREE_PREFIXES = ("resources.",)
 FREE_KEYS = ("cluster.time_max", "cluster.signal_delay_s", "cluster.partition", "cluster.account", "cluster.qos")
@@ -58,12 +57,13 @@ class ResumePlan:
         """What the CLI prints before it submits (or instead, for a finished run without --force)."""
         lines = [f"Run {self.spec.run_name}: {self.spec.run_dir}"]
         if self.nothing_to_do(force):
-            lines.append(f"Run {self.spec.run_name} finished (train_done.json: step {self.finished.get('final_step')}): "
+            step = self.finished.get("final_step")
+            lines.append(f"Run {self.spec.run_name} finished ({layout.DONE_FILE}: step {step}): "
                          "nothing to resume. Use --force to resubmit it anyway (e.g. with more training steps).")
             return lines
         lines.append(f"It {self.from_text()}.")
         for c in self.newer_incomplete:
-            lines.append(f"At job start, {c.path.name} moves to {self.spec.path / ck.QUARANTINE_DIR} ({c.reason}).")
+            lines.append(f"At job start, {c.path.name} moves to {layout.quarantine_dir(self.spec.path)} ({c.reason}).")
         if self.forced:
             lines.append(f"Forced overrides: {' '.join(self.forced)}")
         return lines
@@ -133,14 +133,14 @@ def plan_resume(run_dir: Path, items: list[str], force: bool) -> ResumePlan:
     """Everything resume checks before it submits; raises SpecError (exit 2) or runs.RunBusy."""
     from hpc_grpo.config.resolve import load_frozen
 
-    frozen = load_frozen(run_dir / runs.SPEC)
+    frozen = load_frozen(layout.spec_file(run_dir))
     runs.refuse_if_live(run_dir)
     spec, forced = apply_overrides(frozen, items, force)
     ckpts = ck.list_checkpoints(run_dir, spec.recipe.engine)
     best = ck.newest_complete(ckpts)
     newer = [c for c in ckpts if not c.complete and c.step > (best.step if best else -1)]
     finished = None
-    done = run_dir / DONE_FILE
+    done = layout.done_file(run_dir)
     if done.is_file():
         try:
             finished = json.loads(done.read_text(encoding="utf-8"))

@@ -12,8 +12,7 @@ from typing import Any
 from hpc_grpo.cluster import states
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.config import registry
-from hpc_grpo.launch import render
-from hpc_grpo.runstate import runs, trained
+from hpc_grpo.runstate import layout, runs, trained
 from hpc_grpo.runstate import metrics as engine_metrics
 from hpc_grpo.config.resolve import load_frozen, load_raw
 from hpc_grpo.config.cluster import Cluster
@@ -39,11 +38,11 @@ def locate_run(run: str | None) -> Path:
     the newest run when none is given. Run names hold no '/', so anything with one is a folder."""
     if run:
         folder = Path(run).expanduser()
-        if (folder / runs.SPEC).is_file():
+        if layout.spec_file(folder).is_file():
             return folder.resolve()
         if "/" in run or run.startswith(("~", ".")):
-            why = "does not exist" if not folder.exists() else f"has no {runs.SPEC}, so it is not a run folder"
-            raise SpecError(f"{run!r} {why}: give a run's folder (the one holding its {runs.SPEC}) or its name; "
+            why = "does not exist" if not folder.exists() else f"has no {layout.SPEC_FILE}, so it is not a run folder"
+            raise SpecError(f"{run!r} {why}: give a run's folder (the one holding its {layout.SPEC_FILE}) or its name; "
                             "`hpc-grpo runs` lists both", key="run")
     found = runs.find_runs(runs_roots())
     if run is None:
@@ -111,12 +110,12 @@ def checkpoints(spec: RunSpec) -> list[ck.Checkpoint]:
 
 def last_step(spec: RunSpec) -> int | None:
     """The last step the engine logged (metrics.jsonl, either engine's layout) or saved (verl: its tracker file)."""
-    steps = engine_metrics.read_raw(spec.path / engine_metrics.METRICS_FILE)
+    steps = engine_metrics.read_raw(layout.metrics_file(spec.path))
     return max(steps) if steps else ck.tracker_step(spec.path)
 
 
 def run_status(run_dir: Path) -> RunStatus:
-    spec = load_frozen(run_dir / runs.SPEC)
+    spec = load_frozen(layout.spec_file(run_dir))
     history = runs.read_history(run_dir)
     events = [e for e in history if e.purpose in runs.EVENTS]
     history = [e for e in history if e.purpose not in runs.EVENTS]
@@ -148,7 +147,7 @@ def run_status(run_dir: Path) -> RunStatus:
             elapsed = sum(x or 0 for x in spent) if spent else (info.elapsed_s if info else None)
             status.jobs.append(JobRow(entry.job_id, entry.purpose, entry.time, info.state if info else "UNKNOWN",
                                       elapsed, info.exit_code if info else "", info.nodelist if info else ""))
-        status.logs.append(str(render.submitit_dir(spec) / f"{entry.job_id}_0_log.out"))
+        status.logs.append(str(layout.job_log(spec.path, entry.job_id)))
     status.restarts = restarts(history, events, attempts)
     status.failures = [f"job {e.job_id}: {e.note}" for e in events if e.purpose in ("failed", "skipped")]
     ckpts = checkpoints(spec)
@@ -243,11 +242,10 @@ def _local_elapsed_s(spec: RunSpec, entry: runs.HistoryEntry, live: bool) -> int
     start = _parse_time(entry.time)
     if start is None:
         return None
-    folder = render.submitit_dir(spec)
     end: float | None = _t.time() if live else None
-    for name in (f"{entry.job_id}_0_result.pkl", f"{entry.job_id}_0_log.out"):
-        if end is None and (folder / name).is_file():
-            end = (folder / name).stat().st_mtime
+    for path in (layout.job_result(spec.path, entry.job_id), layout.job_log(spec.path, entry.job_id)):
+        if end is None and path.is_file():
+            end = path.stat().st_mtime
     return max(0, round(end - start)) if end is not None else None
 
 
@@ -255,7 +253,7 @@ def _local_state(spec: RunSpec, job_id: str) -> str:
     """A finished local job: submitit's result pickle holds ("success", value) or ("error", traceback)."""
     import pickle
 
-    result = render.submitit_dir(spec) / f"{job_id}_0_result.pkl"
+    result = layout.job_result(spec.path, job_id)
     if not result.is_file():
         return "UNKNOWN"
     with open(result, "rb") as handle:  # written by our own job in our own run directory

@@ -71,6 +71,7 @@ def job_end(submission: Any) -> JobEnd:
 
 def training_rows(run_dir: Path) -> list[dict[str, Any]]:
     """Every logged training step of the run (trl's rows or verl's file-logger rows, in one vocabulary)."""
-    from hpc_grpo.runstate.metrics import METRICS_FILE, file_rows
+    from hpc_grpo.runstate.layout import metrics_file
+    from hpc_grpo.runstate.metrics import file_rows
 
-    return file_rows(Path(run_dir) / METRICS_FILE)
+    return file_rows(metrics_file(run_dir))

@@ -32,9 +32,9 @@ def secret_error(path: str) -> SpecError:
     where = ("W&B also reads ~/.netrc, which `wandb login` writes" if name == "WANDB_API_KEY"
              else "huggingface_hub also reads the token `huggingface-cli login` stores")
     return SpecError(
-        f"{name} is a secret and cannot be a setting: settings are written into spec.yaml and the job scripts, "
-        f"where anyone who can read the run directory would read it (value not shown). Fix: remove it here and "
-        f"`export {name}=...` in the shell you submit from; the job inherits that environment ({where})",
+        f"{name} is a secret and cannot be a setting: settings are written into the run's frozen spec and the job "
+        f"scripts, where anyone who can read the run directory would read it (value not shown). Fix: remove it here "
+        f"and `export {name}=...` in the shell you submit from; the job inherits that environment ({where})",
         key=path,
     )
 

@@ -187,7 +187,8 @@ class Checkpoint(Strict):
     keep_best: str | None = Field(default=None, description="METRIC[:max|min]: also keep the best checkpoint")
     max_bytes: int | None = Field(default=None, description="cap on kept checkpoints + exports (e.g. 200G)")
     grace_s: int = Field(default=300, ge=0, description="never remove a checkpoint written this recently")
-    quarantine_days: float = Field(default=7.0, ge=0, description="delete checkpoints-incomplete/ entries after")
+    quarantine_days: float = Field(default=7.0, ge=0,
+                                   description="delete incomplete checkpoints set aside at a job start after")
     disk_gb: float | None = Field(default=None, gt=0, description="free space to require")
 
     @model_validator(mode="before")
@@ -384,6 +385,12 @@ class RunSpec(Strict):
     def gpus_per_node(self) -> int:
         r = self.recipe.resources.gpus_per_node
         return self.cluster.gpus_per_node if r is None else r
+
+    @property
+    def cpus_per_task(self) -> int:
+        """CPUs of each task (one per node): the recipe's, else every CPU of the cluster's node."""
+        r = self.recipe.resources.cpus_per_task
+        return self.cluster.cpus_per_node if r is None else r
 
     @property
     def verl_cpu(self) -> bool:

@@ -13,11 +13,10 @@ Heavy imports (torch, transformers, tokenizers) stay inside functions.
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
+
+from hpc_grpo.common.atomic import build_dir_atomic
 
 __all__ = [
     "QWEN2_PRETOKENIZE_REGEX",
@@ -192,19 +191,7 @@ def ensure_tiny_model(out_dir: Path, seed: int = 0) -> Path:
         raise FileExistsError(
             f"{out_dir} exists without config.json (a partial or foreign folder); remove it or pick another --out"
         )
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a shared model folder must be readable by the group
-    try:
-        build_tiny_model(tmp, seed=seed)
-        try:
-            os.rename(tmp, out_dir)
-        except OSError:
-            if (out_dir / "config.json").is_file():  # another process won the race
-                return out_dir
-            raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    # built with a plain mkdir (the umask's mode: a shared model folder must be readable by the group)
+    build_dir_atomic(out_dir, lambda tmp: build_tiny_model(tmp, seed=seed),
+                     lambda done: (done / "config.json").is_file())  # another process's model won the race
     return out_dir

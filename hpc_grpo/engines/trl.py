@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from hpc_grpo.runstate import checkpoints, runs
+from hpc_grpo.runstate import layout, runs
 from hpc_grpo.engines.base import EngineCommand, Override
 from hpc_grpo.common.findings import Finding, error, info, warning
 from hpc_grpo.config.spec import RunSpec
@@ -88,12 +87,6 @@ FORBIDDEN_PASSTHROUGH: dict[str, str] = {
 TRAIN_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
-def checkpoint_dir(spec: RunSpec) -> Path:
-    """Absolute, inside the run directory: a requeued job on another node finds it there. Listing and
-    judging the folders in it is hpc_grpo.runstate.checkpoints' job."""
-    return checkpoints.checkpoint_dir(spec.path)
-
-
 @dataclass(frozen=True, slots=True)
 class BatchLayout:
     """How the recipe's prompt batches map onto trl's completion batches (one process)."""
@@ -127,7 +120,8 @@ def _owned(spec: RunSpec, use_cpu: bool) -> list[Override]:
     def add(key: str, value: object, source: str) -> None:
         out.append(Override(key, value, source))
 
-    add("output_dir", str(checkpoint_dir(spec)), "run directory")
+    # absolute, inside the run directory: a requeued job on another node finds it there
+    add("output_dir", str(layout.checkpoints_dir(spec.path)), "run directory")
     add("run_name", spec.run_name, "run name")
     add("seed", r.train.seed, "train.seed")
     add("num_generations", r.grpo.n, "grpo.n")
@@ -151,7 +145,7 @@ def _owned(spec: RunSpec, use_cpu: bool) -> list[Override]:
     add("save_steps", r.checkpoint.save_freq * lay.updates_per_step, "checkpoint.save_freq")
     add("save_total_limit", None, "engine: hpc-grpo prunes (checkpoint.keep_last and friends)")
     add("save_only_model", False, "engine: resume needs optimizer, scheduler and RNG state")
-    add("logging_steps", 1, "engine: metrics.jsonl has one line per step")
+    add("logging_steps", 1, f"engine: {layout.METRICS_FILE} has one line per step")
     reporters = [x for x in r.logging.logger if x in ("wandb", "tensorboard")]
     add("report_to", reporters or "none", "logging.logger")
     add("use_cpu", use_cpu, "engine: no GPU visible")
@@ -209,7 +203,7 @@ class TrlEngine:
 
     def command(self, spec: RunSpec) -> EngineCommand:
         return EngineCommand(
-            argv=[spec.python, *ENTRY, "--spec", f"{spec.run_dir}/spec.yaml"],
+            argv=[spec.python, *ENTRY, "--spec", str(layout.spec_file(spec.path))],
             env={"WANDB_RUN_ID": runs.wandb_run_id(spec.path), "WANDB_RESUME": "allow"},
         )
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpc_grpo.runstate import checkpoints, runs
+from hpc_grpo.runstate import checkpoints, layout, runs
 from hpc_grpo.engines import verl_cpu
 from hpc_grpo.engines.base import EngineCommand, Override
-from hpc_grpo.runstate.metrics import VERL_LOG
 from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_key_for
 from hpc_grpo.common.findings import Finding, error
 from hpc_grpo.config.spec import RunSpec
@@ -42,10 +41,6 @@ CPU_OVERRIDES = {
 }
 
 
-def checkpoint_dir(spec: RunSpec) -> Path:
-    """Absolute: verl's default is relative to the working directory, which differs per node. Listing
-    and judging the folders in it is hpc_grpo.runstate.checkpoints' job."""
-    return checkpoints.checkpoint_dir(spec.path)
 
 
 # Megatron's activation recompute as verl 0.9.1 reads it (engine/megatron.yaml leaves granularity null = off):
@@ -182,7 +177,8 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     add("trainer.val_before_train", t.val_before_train, "train.val_before_train")
     add("trainer.save_freq", r.checkpoint.save_freq, "checkpoint.save_freq")
     add("trainer.max_actor_ckpt_to_keep", None, "engine: hpc-grpo prunes (checkpoint.keep_last and friends)")
-    add("trainer.default_local_dir", str(checkpoint_dir(spec)), "run directory")
+    # absolute: verl's default is relative to the working directory, which differs per node
+    add("trainer.default_local_dir", str(layout.checkpoints_dir(spec.path)), "run directory")
     # verl's file logger writes each step's metrics (val-core/... included) for keep_best; the prune poller copies
     # them into RUN_DIR/metrics.jsonl, since verl rewrites the file from scratch at every restart.
     add("trainer.logger", [*r.logging.logger, "file"], "logging.logger")
@@ -209,7 +205,7 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     add(f"{env}.WANDB_RESUME", "allow", "engine")
     # verl logs from its TaskRunner, a Ray actor whose working directory is Ray's, not the run's
     add(f"{env}.WANDB_DIR", spec.run_dir, "run directory")
-    add(f"{env}.VERL_FILE_LOGGER_PATH", f"{spec.run_dir}/{VERL_LOG}", "engine: metrics for prune's keep_best")
+    add(f"{env}.VERL_FILE_LOGGER_PATH", str(layout.verl_log(spec.path)), "engine: metrics for prune's keep_best")
     return out
 
 
@@ -234,7 +230,7 @@ def ray_cpus_per_node(spec: RunSpec) -> int:
     idle controller actors be placed (measured: with 4 CPUs per node a 2-node job waits forever at worker-group
     creation).
     """
-    slurm_cpus = spec.recipe.resources.cpus_per_task or spec.cluster.cpus_per_node
+    slurm_cpus = spec.cpus_per_task
     verl_cpus = CPUS_PER_GPU_BUNDLE * spec.procs_per_node + sum(CPU_ACTORS_BESIDE_BUNDLES.values())
     return max(slurm_cpus, verl_cpus)
 
@@ -254,8 +250,9 @@ def resume_overrides(step_folder: Path | None) -> list[str]:
     """The overrides that point verl at one global_step_N folder, or start it fresh (never `auto`)."""
     if step_folder is None:
         return ["trainer.resume_mode=disable"]
-    if not Path(step_folder).name.startswith("global_step_"):
-        raise ValueError(f"{step_folder} is not a global_step_N folder (verl's resume_path needs one)")
+    if checkpoints.folder_step("verl", Path(step_folder).name) is None:
+        raise ValueError(f"{step_folder} is not a {checkpoints.FOLDER_FORM['verl']} folder "
+                         "(verl's resume_path needs one)")
     return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={format_value(str(step_folder))}"]
 
 

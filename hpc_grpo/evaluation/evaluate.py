@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +30,9 @@ from typing import Any
 from hpc_grpo.cluster import sbatch
 from hpc_grpo.config.spec import Resources, RunSpec
 from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.runstate import layout
 
-EVAL_DIR = "eval"
-EVAL_SCRIPT = "scripts/eval_sbatch.sh"  # the eval job's batch script, beside the training job's scripts/sbatch.sh
-BASE_CACHE_DIR = "_base-evals"
+MODEL_RESULT = "eval.json"  # `hpc-grpo eval --model`: OUT/eval.json (a run's results: runstate.layout)
 SOURCE_FILE = "source.json"  # written by `hpc-grpo data gsm8k`: where the raw question/answer files are
 # Where users get GSM8K question/answer files: the product's own command, never a folder only its developers have.
 GSM8K_RAW_HINT = ("`hpc-grpo data gsm8k` writes them: from the Hub into ~/hpc-grpo-data/gsm8k/raw/{split}.jsonl, "
@@ -227,25 +225,14 @@ def check_tasks(tasks: list[str]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------- results
-def result_path(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / EVAL_DIR / f"step_{int(step)}.json"
-
-
-def base_cache_path(runs_root: Path, key: str) -> Path:
-    return Path(runs_root) / BASE_CACHE_DIR / f"{key}.json"
-
-
 def load_results(run_dir: Path) -> list[dict[str, Any]]:
     """Every RUN/eval/step_N.json, by step."""
-    folder = Path(run_dir) / EVAL_DIR
     found = []
-    for path in folder.glob("step_*.json"):
-        m = re.fullmatch(r"step_(\d+)\.json", path.name)
-        if m:
-            try:
-                found.append(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                continue
+    for _, path in layout.eval_results(run_dir):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
     return sorted(found, key=lambda r: r.get("step", 0))
 
 

@@ -24,13 +24,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from hpc_grpo.runstate.checkpoints import Checkpoint
+from hpc_grpo.common.atomic import build_dir_atomic
+from hpc_grpo.runstate import checkpoints as ck  # the checkpoint layouts it reads
+from hpc_grpo.runstate.layout import export_dir, export_marker  # the run directory's names
 
-EXPORTS_DIR = "exports"
-MARKER = "export.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
                    "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json")
 
@@ -39,20 +38,15 @@ class ExportError(RuntimeError):
     """A checkpoint that cannot become a HF folder here; the message says what to do."""
 
 
-def export_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / EXPORTS_DIR / f"step_{int(step)}"
-
-
 def cached_export(run_dir: Path, step: int) -> Path | None:
     out = export_dir(run_dir, step)
-    return out if (out / MARKER).is_file() else None
+    return out if export_marker(out).is_file() else None
 
 
 @contextmanager
-def leased(run_dir: Path, engine: str, step: int) -> Iterator[Checkpoint]:
+def leased(run_dir: Path, engine: str, step: int) -> Iterator[ck.Checkpoint]:
     """Checkpoint `step` held against pruning while it is read (a reader lease, hpc_grpo.runstate.leases.lease) and judged
     again under the lease: a prune may have removed it between the caller's listing and the lease."""
-    from hpc_grpo.runstate import checkpoints as ck
     from hpc_grpo.runstate.leases import lease
 
     with lease(run_dir, step):
@@ -97,10 +91,9 @@ def export_checkpoint(run_dir: Path, step: int, path: Path, layout: str, base_mo
         return cached
     out = export_dir(run_dir, step)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.time()
-    try:
+
+    def build(tmp: Path) -> None:
         if layout == "trl":
             how = _export_trl(Path(path), base_model, tmp)
         elif layout == "verl-fsdp":
@@ -109,18 +102,12 @@ def export_checkpoint(run_dir: Path, step: int, path: Path, layout: str, base_mo
             how = _export_verl_megatron(Path(path), tmp)
         else:
             raise ExportError(f"checkpoint {path} has layout {layout!r}: only trl, verl-fsdp and verl-megatron export")
-        (tmp / MARKER).write_text(json.dumps({"step": int(step), "source": str(path), "layout": layout,
-                                              "how": how, "base_model": base_model,
-                                              "seconds": round(time.time() - t0, 3)}, indent=2) + "\n")
-        try:
-            os.rename(tmp, out)
-        except OSError:
-            if cached_export(run_dir, step) is None:  # someone else's finished export won the race: use it
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        export_marker(tmp).write_text(json.dumps({"step": int(step), "source": str(path), "layout": layout,
+                                                  "how": how, "base_model": base_model,
+                                                  "seconds": round(time.time() - t0, 3)}, indent=2) + "\n")
+
+    # someone else's finished export that won the race is used as it is
+    build_dir_atomic(out, build, lambda done: cached_export(run_dir, step) is not None)
     return out
 
 
@@ -156,35 +143,34 @@ def merge_adapter(base_dir: str | Path, adapter_dir: Path, out: Path, tokenizer_
 
 
 def _export_trl(ckpt: Path, base_model: str, out: Path) -> str:
-    if (ckpt / "adapter_config.json").is_file():
+    if ck.holds_adapter(ckpt):
         merge_adapter(base_model, ckpt, out, [ckpt])
         return "peft merge_and_unload of the trl adapter into the base model"
-    if (ckpt / "model.safetensors").is_file() or any(ckpt.glob("model-*.safetensors")):
+    files = ck.trl_model_files(ckpt)
+    if files:
         out.mkdir(parents=True)
-        for f in ckpt.iterdir():
-            if f.is_file() and (f.suffix in (".safetensors", ".json", ".jinja", ".txt") or f.name == "merges.txt") \
-                    and not f.name.startswith(("trainer_state", "training_args", "optimizer", "scheduler", "rng_state")):
-                shutil.copy2(f, out / f.name)
+        for f in files:
+            shutil.copy2(f, out / f.name)
         return "full fine-tune weights copied from the trl checkpoint"
-    raise ExportError(f"{ckpt} has neither adapter_config.json nor model.safetensors: not a trl checkpoint")
+    raise ExportError(f"{ckpt} has neither {ck.ADAPTER_CONFIG} nor model.safetensors: not a trl checkpoint")
 
 
 def _export_verl_fsdp(ckpt: Path, out: Path, merger: Callable[[Path, Path], None]) -> str:
-    actor = ckpt / "actor"
+    actor = ck.actor_dir(ckpt)
     if not actor.is_dir():
-        raise ExportError(f"{ckpt} has no actor/ folder: not a verl checkpoint")
+        raise ExportError(f"{ckpt} has no {ck.ACTOR}/ folder: not a verl checkpoint")
     merged = out.parent / f"{out.name}.merger"
     shutil.rmtree(merged, ignore_errors=True)
     try:
         merger(actor, merged)
-        adapter = merged / "lora_adapter"
+        adapter = merged / ck.LORA_ADAPTER
         if adapter.is_dir():
             _check_merger_lora_alpha(actor, adapter)
-            merge_adapter(merged, adapter, out, [merged, actor / "huggingface"])
-            return "verl model_merger (fsdp), then peft merge_and_unload of its lora_adapter/"
+            merge_adapter(merged, adapter, out, [merged, ck.hf_dir(ckpt, "verl-fsdp")])
+            return f"verl model_merger (fsdp), then peft merge_and_unload of its {ck.LORA_ADAPTER}/"
         os.rename(merged, out)
         if not (out / "tokenizer_config.json").is_file():
-            _copy_tokenizer(actor / "huggingface", out)
+            _copy_tokenizer(ck.hf_dir(ckpt, "verl-fsdp"), out)
         return "verl model_merger (fsdp)"
     finally:
         shutil.rmtree(merged, ignore_errors=True)
@@ -194,40 +180,39 @@ def _check_merger_lora_alpha(actor: Path, adapter: Path) -> None:
     """verl's merger takes lora_alpha from <actor>/lora_train_meta.json only and writes 0 without it: peft's scaling
     alpha/r is then 0 and the 'merged' model is the base model. Refuse that instead of exporting it."""
     try:
-        alpha = json.loads((adapter / "adapter_config.json").read_text()).get("lora_alpha")
+        alpha = json.loads((adapter / ck.ADAPTER_CONFIG).read_text()).get("lora_alpha")
     except (OSError, ValueError) as e:
-        raise ExportError(f"verl's merger wrote an unreadable {adapter / 'adapter_config.json'}: {e}") from e
+        raise ExportError(f"verl's merger wrote an unreadable {adapter / ck.ADAPTER_CONFIG}: {e}") from e
     if not alpha:
-        raise ExportError(f"verl's merger wrote lora_alpha={alpha!r} into {adapter.name}/adapter_config.json, so the "
+        raise ExportError(f"verl's merger wrote lora_alpha={alpha!r} into {adapter.name}/{ck.ADAPTER_CONFIG}, so the "
                           f"adapter would have no effect (the export would be the base model): "
-                          f"{actor / 'lora_train_meta.json'} is missing or has no lora_alpha. fix: write "
+                          f"{actor / ck.LORA_META} is missing or has no lora_alpha. fix: write "
                           '{"r": <lora_rank>, "lora_alpha": <lora_alpha>, "task_type": "CAUSAL_LM"} there, from the '
                           "run's actor_rollout_ref.model.lora_rank/lora_alpha, and export again")
 
 
 def _export_verl_megatron(ckpt: Path, out: Path) -> str:
-    hf = ckpt / "actor" / "model" / "huggingface"
+    hf = ck.hf_dir(ckpt, "verl-megatron")
     if not any(hf.glob("*.safetensors")):
         raise ExportError(f"{hf} holds no weights (only mbridge writes HF weights there): run verl's merger "
-                          f"on a GPU node: {' '.join(merger_command(ckpt / 'actor', out, 'megatron'))}")
-    adapter = hf / "lora_adapter"
-    if not adapter.is_dir():
-        adapter = ckpt / "actor" / "lora_adapter"
-    if adapter.is_dir():
+                          f"on a GPU node: {' '.join(merger_command(ck.actor_dir(ckpt), out, 'megatron'))}")
+    where = hf.relative_to(ckpt)
+    adapter = ck.megatron_adapter(ckpt)
+    if adapter is not None:
         base = out.parent / f"{out.name}.base"
         shutil.rmtree(base, ignore_errors=True)
-        shutil.copytree(hf, base, ignore=shutil.ignore_patterns("lora_adapter"))
+        shutil.copytree(hf, base, ignore=shutil.ignore_patterns(ck.LORA_ADAPTER))
         try:
             merge_adapter(base, adapter, out, [hf])
         finally:
             shutil.rmtree(base, ignore_errors=True)
-        return "actor/model/huggingface/, then peft merge_and_unload of its LoRA adapter"
+        return f"{where}/, then peft merge_and_unload of its LoRA adapter"
     shutil.copytree(hf, out)
-    return "actor/model/huggingface/ (mbridge HF weights)"
+    return f"{where}/ (mbridge HF weights)"
 
 
 def export_info(folder: Path) -> dict[str, Any]:
     try:
-        return json.loads((folder / MARKER).read_text())
+        return json.loads(export_marker(folder).read_text())
     except (OSError, ValueError):
         return {}

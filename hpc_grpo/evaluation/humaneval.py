@@ -141,15 +141,17 @@ def evaluate_humaneval(model_path: str, adapter: str | None = None, label: str =
 def evaluate_run(run_dir: str | Path, **kwargs: Any) -> dict[str, Any]:
     """HumanEval for the run's base model and for its trained policy (the last complete checkpoint)."""
     from hpc_grpo.config.resolve import load_frozen
+    from hpc_grpo.runstate import layout
+    from hpc_grpo.runstate.checkpoints import holds_adapter
 
     run_dir = Path(run_dir)
-    spec = load_frozen(run_dir / "spec.yaml")
-    done_file = run_dir / "train_done.json"
+    spec = load_frozen(layout.spec_file(run_dir))
+    done_file = layout.done_file(run_dir)
     if not done_file.is_file():
         raise RuntimeError(f"{done_file} is missing: the run has not finished training")
     ckpt = json.loads(done_file.read_text())["last_checkpoint"]
     base = spec.recipe.model.path
-    policy = {"adapter": ckpt} if (Path(ckpt) / "adapter_config.json").is_file() else {"model_path": ckpt}
+    policy = {"adapter": ckpt} if holds_adapter(Path(ckpt)) else {"model_path": ckpt}
     kwargs.setdefault("weights", RewardWeights(per_test_timeout=3.0, isolation=spec.recipe.grpo.code.isolation))
     return {"run": str(run_dir), "task": "humaneval", "models": [
         evaluate_humaneval(base, label="base", **kwargs),

@@ -17,16 +17,15 @@ import sys
 from pathlib import Path
 
 from hpc_grpo.runstate import checkpoints as ck
-from hpc_grpo.runstate import runs
+from hpc_grpo.runstate import layout, runs
 
-RESERVE = ".hpc-grpo-reserve"
 RESERVE_BYTES = 64 * 1024
 _TORN_WRITE = re.compile(r"unexpected pos|No space left|file write failed|PytorchStreamWriter failed", re.I)
 
 
 def ensure_reserve(run_dir: Path) -> bool:
     """Create the reserve file if missing; False when there is no room even for it (already full)."""
-    path = Path(run_dir) / RESERVE
+    path = layout.reserve_file(run_dir)
     if path.is_file() and path.stat().st_size >= RESERVE_BYTES:
         return True
     try:
@@ -41,7 +40,7 @@ def ensure_reserve(run_dir: Path) -> bool:
 
 
 def release_reserve(run_dir: Path) -> None:
-    (Path(run_dir) / RESERVE).unlink(missing_ok=True)
+    layout.reserve_file(run_dir).unlink(missing_ok=True)
 
 
 def _chain(exc: BaseException | None) -> list[BaseException]:
@@ -105,7 +104,7 @@ def explain(run_dir: Path, run_name: str, engine: str) -> str:
              f"{_human(st.f_bavail * st.f_frsize)} free of {_human(st.f_blocks * st.f_frsize)}"]
     if torn:
         parts.append(f"the save of {', '.join(c.path.name for c in torn)} did not finish ({torn[-1].reason}); it is "
-                     f"kept and moves to {ck.QUARANTINE_DIR}/ at the next start")
+                     f"kept and moves to {layout.QUARANTINE_DIR}/ at the next start")
     parts.append(f"the newest complete checkpoint is {best.path.name} (step {best.step})" if best
                  else "there is no complete checkpoint yet")
     parts.append(f"free space on {mnt} (or grow it), then run: hpc-grpo resume {run_name}")
@@ -122,7 +121,7 @@ def report(run_dir: Path, message: str) -> None:
         runs.append_history(Path(run_dir), job_id, "failed", executor, note=f"disk full: {message}",
                             data={"cause": "disk full"})
     except OSError as exc:
-        print(f"hpc-grpo: could not record the failure in {runs.HISTORY}: {exc}", file=sys.stderr, flush=True)
+        print(f"hpc-grpo: could not record the failure in {layout.HISTORY_FILE}: {exc}", file=sys.stderr, flush=True)
 
 
 def check_after_failure(spec_path: Path) -> None:

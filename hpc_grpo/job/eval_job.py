@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.evaluation import evaluate, scoring
-from hpc_grpo.runstate import runs
+from hpc_grpo.runstate import layout, runs
+from hpc_grpo.cluster.job_env import job_identity
 from hpc_grpo.evaluation.evaluate import EvalSettings
-from hpc_grpo.job.trl_job import write_json_atomic
+from hpc_grpo.common.atomic import write_json_atomic
 from hpc_grpo.config.spec import GSM8K_TASKS, RunSpec
 
 
@@ -81,7 +82,7 @@ def score_model(model_dir: str | Path, settings: EvalSettings, task_dir: Path) -
 
 def base_scores(model: str, settings: EvalSettings, cache_root: Path, task_dir: Path) -> dict[str, Any]:
     """The base model's scores, from the cache when the same model and settings were scored before."""
-    path = evaluate.base_cache_path(cache_root, settings.cache_key(model))
+    path = layout.base_eval_file(cache_root, settings.cache_key(model))
     if path.is_file():
         try:
             cached = json.loads(path.read_text())
@@ -111,7 +112,7 @@ def choose(spec: RunSpec, steps: list[int], all_kept: bool) -> list[Any]:
                             f"(complete: {have})")
         return [by_step[s] for s in steps]
     if not complete:
-        raise EvalError(f"run {spec.run_name} has no complete checkpoint in {checkpoints.checkpoint_dir(spec.path)}")
+        raise EvalError(f"run {spec.run_name} has no complete checkpoint in {layout.checkpoints_dir(spec.path)}")
     return complete if all_kept else [complete[-1]]
 
 
@@ -127,7 +128,7 @@ def evaluate_run(spec: RunSpec, steps: list[int], all_kept: bool, tasks: list[st
 
     settings = evaluate.settings_for(spec, tasks, limit)
     run_dir = spec.path
-    task_dir = run_dir / evaluate.EVAL_DIR / "tasks"
+    task_dir = layout.eval_tasks_dir(run_dir)
     base = base_model_path(spec)
     written = []
     chosen = choose(spec, steps, all_kept)  # before the base model is scored: nothing to do is said at once
@@ -147,7 +148,7 @@ def evaluate_run(spec: RunSpec, steps: list[int], all_kept: bool, tasks: list[st
             "base": {"model": base, "scores": base_result["scores"]},
             "published": evaluate.published(spec.recipe.model.path),
         })
-        out = evaluate.result_path(run_dir, ckpt.step)
+        out = layout.eval_result(run_dir, ckpt.step)
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out, result)
         log(f"step {ckpt.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items()) + f" -> {out}")
@@ -184,10 +185,10 @@ def evaluate_model(model: str, out: Path | None, tasks: list[str] | None, limit:
                             train_file, test_file)
     out = out or Path.cwd() / "eval-model"
     out.mkdir(parents=True, exist_ok=True)
-    result = score_model(model, settings, out / "tasks")
+    result = score_model(model, settings, out / layout.EVAL_TASKS_DIR)
     result.update({"step": None, "metrics": evaluate.metrics_of(result["scores"]),
                    "published": evaluate.published(model), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    path = out / "eval.json"
+    path = out / evaluate.MODEL_RESULT
     write_json_atomic(path, result)
     log(", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items()) + f" -> {path}")
     return path
@@ -198,7 +199,7 @@ def trained_gate(spec: RunSpec, after: str | None) -> Any:
     and the one it follows (Slurm said that one ended) mean the run is still going."""
     from hpc_grpo.runstate import trained
 
-    own = os.environ.get("SLURM_JOB_ID")
+    own, _ = job_identity()
     evals = {e.job_id for e in runs.read_history(spec.path) if e.purpose == "eval"}
     try:
         live = runs.live_jobs(spec.path)
@@ -215,8 +216,7 @@ def skip_untrained(spec: RunSpec, after: str | None) -> bool:
     if verdict.trained:
         log(f"run {spec.run_name} is trained: {verdict.reason}")
         return False
-    job = os.environ.get("SLURM_JOB_ID") or str(os.getpid())
-    executor = "slurm" if os.environ.get("SLURM_JOB_ID") else "local"
+    job, executor = job_identity()
     note = (f"evaluation skipped: {verdict.reason}" + (f" (training job {after} has ended)" if after else "")
             + f"; evaluate by hand once trained: hpc-grpo eval {spec.run_dir}")
     runs.append_history(spec.path, job, "skipped", executor, note=note, data={"after": after})
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-fewshot", type=int, default=None)
     parser.add_argument("--max-gen-toks", type=int, default=None)
     parser.add_argument("--if-trained", action="store_true",
-                        help="evaluate only if the run is trained (train_done.json or its final checkpoint)")
+                        help=f"evaluate only if the run is trained ({layout.DONE_FILE} or its final checkpoint)")
     parser.add_argument("--after", default=None, help="with --if-trained: the training job this job was queued after")
     args = parser.parse_args(argv)
     from hpc_grpo.config.resolve import load_frozen
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if args.run is None:
                 raise EvalError("give --run RUN_DIR or --model PATH")
-            spec = load_frozen(args.run / "spec.yaml")
+            spec = load_frozen(layout.spec_file(args.run))
             if args.if_trained and skip_untrained(spec, args.after):
                 return 0
             evaluate_run(spec, args.step, args.all_kept, tasks, args.limit)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 JOB_BLOCK = 400
 NODE_SLOT = 100
@@ -149,34 +148,3 @@ def parse_assignments(items: Sequence[str]) -> dict[str, str]:
 def exit_status(returncode: int) -> int:
     """A child's status as bash reports it: 128+N for a child killed by signal N."""
     return 128 - returncode if returncode < 0 else returncode
-
-
-@dataclass(frozen=True, slots=True)
-class StateFiles:
-    """Marker files of one allocation (attempt) of a job, shared by its nodes (RUN_DIR/ray/JOB/ on the shared
-    run directory): node 0's driver has exited, every node has joined, the resume overrides, a worker has stopped."""
-
-    folder: Path
-    attempt: int
-
-    @property
-    def done(self) -> Path:
-        return self.folder / f"driver-exited.{self.attempt}"
-
-    @property
-    def joined(self) -> Path:
-        return self.folder / f"joined.{self.attempt}"
-
-    @property
-    def resume_args(self) -> Path:
-        return self.folder / f"resume-args.{self.attempt}"
-
-    def stopped(self, node_index: int) -> Path:
-        return self.folder / f"stopped.{self.attempt}.{node_index}"
-
-    def workers(self, nodes: int) -> list[Path]:
-        return [self.stopped(i) for i in range(1, nodes)]
-
-
-def state_files(ray_dir: str | Path, job_id: str, attempt: int) -> StateFiles:
-    return StateFiles(Path(ray_dir) / job_id, attempt)

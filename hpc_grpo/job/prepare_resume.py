@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc_grpo.runstate import checkpoints as ck
-from hpc_grpo.runstate import runs
+from hpc_grpo.runstate import layout, runs
 from hpc_grpo.common.atomic import write_text_atomic
 from hpc_grpo.cluster.job_env import job_identity, restart_count
 
@@ -134,14 +134,14 @@ def prepare_and_record(run_dir: Path, engine: str, spec: RunSpec | None = None) 
 
 def _read_tracker(run_dir: Path) -> str:
     try:
-        return (ck.checkpoint_dir(run_dir) / ck.TRACKER).read_text(encoding="utf-8", errors="replace")
+        return ck.tracker_file(run_dir).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""  # missing
 
 
 def _write_tracker(run_dir: Path, step: int) -> None:
     """Atomic (verl writes it with a plain open("w"), which a crash leaves empty)."""
-    write_text_atomic(ck.checkpoint_dir(run_dir) / ck.TRACKER, str(step))
+    write_text_atomic(ck.tracker_file(run_dir), str(step))
 
 
 def prepare_for_job(spec_path: Path, args_out: Path | None = None) -> list[str] | None:
@@ -165,7 +165,7 @@ def prepare_for_job(spec_path: Path, args_out: Path | None = None) -> list[str] 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpc_grpo.job.prepare_resume", description=__doc__.split("\n")[0])
-    parser.add_argument("--spec", required=True, type=Path, help="RUN_DIR/spec.yaml (the frozen run spec)")
+    parser.add_argument("--spec", required=True, type=Path, help=f"RUN_DIR/{layout.SPEC_FILE} (the frozen run spec)")
     parser.add_argument("--args-out", type=Path, help="write the engine's resume overrides here, one per line")
     args = parser.parse_args(argv)
     return 0 if prepare_for_job(args.spec, args.args_out) is not None else 2

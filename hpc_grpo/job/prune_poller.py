@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpc_grpo.runstate import checkpoints as ck
-from hpc_grpo.runstate.metrics import METRICS_FILE
+from hpc_grpo.runstate import layout
 from hpc_grpo.runstate.prune import job_prune
 
 
@@ -32,13 +32,12 @@ def log(message: str) -> None:
 
 def folder_state(run_dir: Path) -> tuple:
     """What changes when a save lands: the entries of the checkpoint folder and the tracker's text."""
-    folder = ck.checkpoint_dir(run_dir)
     try:
-        names = tuple(sorted(os.listdir(folder)))
+        names = tuple(sorted(os.listdir(layout.checkpoints_dir(run_dir))))
     except OSError:
         names = ()
     try:
-        tracker = (folder / ck.TRACKER).read_text(encoding="utf-8")
+        tracker = ck.tracker_file(run_dir).read_text(encoding="utf-8")
     except OSError:
         tracker = ""
     return names, tracker
@@ -73,7 +72,8 @@ def prune_once(run_dir: Path, when: str, verl_log: Path | None = None) -> None:
     """Copy verl's new metric lines, then apply the retention policy once. Never raises: a prune never fails a job."""
     try:
         if verl_log:
-            merge_metrics(verl_log, run_dir / METRICS_FILE, seen_lines(run_dir / METRICS_FILE))
+            dst = layout.metrics_file(run_dir)
+            merge_metrics(verl_log, dst, seen_lines(dst))
         job_prune(run_dir, when, log)
     except Exception as exc:  # noqa: BLE001 - retention is housekeeping; the job goes on
         log(f"prune ({when}) failed: {exc}")
@@ -82,10 +82,10 @@ def prune_once(run_dir: Path, when: str, verl_log: Path | None = None) -> None:
 def poll(run_dir: Path, interval: float, should_stop: Callable[[], bool], verl_log: Path | None = None) -> None:
     """Until should_stop(): copy verl's metric lines and prune after each save (a change of the checkpoint folder).
     should_stop is asked every 0.2 s, so the poller ends promptly when the driver does."""
-    dst = run_dir / METRICS_FILE
+    dst = layout.metrics_file(run_dir)
     seen = seen_lines(dst)
     last = folder_state(run_dir)
-    log(f"prune poller watching {ck.checkpoint_dir(run_dir)} every {interval:g}s")
+    log(f"prune poller watching {layout.checkpoints_dir(run_dir)} every {interval:g}s")
     while not should_stop():
         try:
             if verl_log:
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--once", action="store_true", help="prune once and exit")
     p.add_argument("--interval", type=float, default=20.0, help="seconds between looks at the folder")
     p.add_argument("--stop-file", type=Path, help="exit when this file exists")
-    p.add_argument("--verl-log", type=Path, help="verl's file-logger output to copy into metrics.jsonl")
+    p.add_argument("--verl-log", type=Path, help=f"verl's file-logger output to copy into {layout.METRICS_FILE}")
     p.add_argument("--when", default="job start", help="label for the log line (--once)")
     args = p.parse_args(argv)
     if args.once:

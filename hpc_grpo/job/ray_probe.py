@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from hpc_grpo.common.atomic import write_text_atomic
+from hpc_grpo.runstate import layout
 
 
 def probe() -> dict:
@@ -83,10 +84,10 @@ def leftover_pids(job_id: str, run_dir: str | Path | None = None) -> dict[int, s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--out", default=None, help="JSON output file (default: $HPC_GRPO_RUN_DIR/probe.json)")
+    p.add_argument("--out", default=None, help=f"JSON output file (default: $HPC_GRPO_RUN_DIR/{layout.PROBE_FILE})")
     p.add_argument("--sleep", type=float, default=0.0, help="stay this many seconds after probing")
     a = p.parse_args(argv)
-    out = Path(a.out) if a.out else Path(os.environ.get("HPC_GRPO_RUN_DIR", ".")) / "probe.json"
+    out = Path(a.out) if a.out else layout.probe_file(os.environ.get("HPC_GRPO_RUN_DIR", "."))
     result = probe()
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, json.dumps(result, indent=2) + "\n")

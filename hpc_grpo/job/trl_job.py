@@ -25,19 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.runstate import checkpoints as ck
-from hpc_grpo.runstate import runs
-from hpc_grpo.common.atomic import write_text_atomic as write_atomic
+from hpc_grpo.runstate import layout, runs
+from hpc_grpo.common.atomic import write_json_atomic, write_text_atomic as write_atomic
 from hpc_grpo.runstate.checkpoints import Checkpoint
-from hpc_grpo.runstate.metrics import METRICS_FILE, parse_record
-from hpc_grpo.engines.trl import checkpoint_dir, grpo_config_kwargs, lora_config_kwargs
+from hpc_grpo.runstate.metrics import parse_record
+from hpc_grpo.engines.trl import grpo_config_kwargs, lora_config_kwargs
 from hpc_grpo.job import disk, prepare_resume, save_signal
 from hpc_grpo.runstate.prune import job_prune
 from hpc_grpo.runstate import save_request
 from hpc_grpo.config.spec import RunSpec
 
-DONE_FILE = runs.DONE_FILE
-LENGTHS_FILE = "prompt_lengths.json"
-INCOMPLETE_DIR = ck.QUARANTINE_DIR
 # trl log key -> metrics.jsonl key
 METRIC_KEYS = {
     "reward": "reward",
@@ -66,10 +63,6 @@ def log(message: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ run dir state
-def write_json_atomic(path: Path, data: Any) -> None:
-    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
 def trim_metrics(path: Path, resume_step: int) -> int:
     """Drop lines of steps after resume_step (they will be trained again); return how many.
 
@@ -197,7 +190,7 @@ def filter_prompts(ds: Any, tokenizer: Any, spec: RunSpec, model_path: str) -> A
     d = spec.recipe.data
     limit = d.max_prompt_length
     n_before = len(ds)
-    lengths = prompt_lengths(list(ds["prompt"]), tokenizer, Path(spec.run_dir) / LENGTHS_FILE,
+    lengths = prompt_lengths(list(ds["prompt"]), tokenizer, layout.prompt_lengths_file(spec.run_dir),
                              lengths_key(spec, model_path))
     keep = [i for i, n in enumerate(lengths) if n <= limit]
     too_long = n_before - len(keep)
@@ -280,7 +273,7 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
     run_dir = Path(spec.run_dir)
     if spec_path.resolve().parent != run_dir.resolve():
         log(f"warning: {spec_path} is not inside the spec's run_dir {run_dir}; using run_dir")
-    ckpt_dir = checkpoint_dir(spec)
+    ckpt_dir = layout.checkpoints_dir(spec.path)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
 
     # Where to start is decided from disk first, before any heavy import: a requeue of a finished
@@ -302,9 +295,10 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
         # after a step), so a requeue of a finished run must not call train() at all.
         log(f"already trained: {resume.path.name} is step {resume.step} of {target}")
         return finish(spec, resume.step, target, resume, resume, t0, 0.0)
-    dropped = trim_metrics(run_dir / METRICS_FILE, resume_step)
+    dropped = trim_metrics(layout.metrics_file(run_dir), resume_step)
     if dropped:
-        log(f"dropped {dropped} metric line(s) after step {resume_step} from {METRICS_FILE} (they are trained again)")
+        log(f"dropped {dropped} metric line(s) after step {resume_step} from {layout.METRICS_FILE} "
+            "(they are trained again)")
 
     if spec.recipe.grpo.reward == "code_exec":  # before any heavy import: a refusal costs a second
         from hpc_grpo.cluster import isolation
@@ -358,7 +352,7 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
         peft_config=peft_config,
     )
     trainer.remove_callback(PrinterCallback)  # prints every raw log dict; ours prints one line per step
-    trainer.add_callback(metrics_callback(run_dir / METRICS_FILE, config.max_steps))
+    trainer.add_callback(metrics_callback(layout.metrics_file(run_dir), config.max_steps))
     lock_saves(trainer, run_dir)
     trainer.add_callback(prune_callback(run_dir))
     if on_signal is not None:
@@ -377,7 +371,8 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
     if on_signal is not None and on_signal.requested and step < trainer.state.max_steps:
         saved = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
         if saved is None or saved.step != step:
-            raise JobError(f"stopped on the signal at step {step}, but checkpoint-{step} is not complete on disk")
+            raise JobError(f"stopped on the signal at step {step}, but its checkpoint is not complete on disk (newest "
+                           f"complete: {saved.path.name if saved else 'none'})")
         marker = on_signal.write_marker(run_dir, step, str(saved.path))
         log(f"saved {saved.path.name} on the signal {marker['saved_at'] - marker['signal_at']:.1f} s after it "
             "came: stopping for the requeue")
@@ -418,13 +413,7 @@ def target_steps(max_steps: int, resume: Checkpoint | None) -> int | None:
     checkpoint's trainer_state.json; None when unknown (a fresh epoch-based run)."""
     if max_steps > 0:
         return max_steps
-    if resume is None:
-        return None
-    try:
-        value = json.loads((resume.path / "trainer_state.json").read_text(encoding="utf-8")).get("max_steps")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and value > 0 else None
+    return None if resume is None else ck.recorded_total_steps(resume)
 
 
 def finish(spec: RunSpec, step: int, max_steps: int | None, final: Checkpoint | None,
@@ -441,14 +430,14 @@ def finish(spec: RunSpec, step: int, max_steps: int | None, final: Checkpoint | 
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     job_prune(Path(spec.run_dir), "run end", log, grace_s=0)
-    write_json_atomic(Path(spec.run_dir) / DONE_FILE, done)
+    write_json_atomic(layout.done_file(spec.run_dir), done)
     log(f"done: step {step}, last checkpoint {done['last_checkpoint']}, {done['wall_time_s']} s")
     return done
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpc_grpo.job.trl_job", description=__doc__.split("\n")[0])
-    parser.add_argument("--spec", required=True, type=Path, help="RUN_DIR/spec.yaml (the frozen run spec)")
+    parser.add_argument("--spec", required=True, type=Path, help=f"RUN_DIR/{layout.SPEC_FILE} (the frozen run spec)")
     args = parser.parse_args(argv)
     # First of all: from here on a USR2 asks for a save instead of killing the process.
     on_signal = save_signal.SaveOnSignal(args.spec.resolve().parent)

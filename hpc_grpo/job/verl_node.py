@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from hpc_grpo.runstate.metrics import VERL_LOG
+from hpc_grpo.runstate.layout import SPEC_FILE, StateFiles, state_files, verl_log
 from hpc_grpo.job import node_plan, proc_tree
 from hpc_grpo.cluster.job_env import JobEnvError, NodeLayout, node_layout
 
@@ -64,10 +64,10 @@ def parse_args(argv: Sequence[str]) -> Options:
     """Options before `--`, the driver's argv after it (passed on verbatim, whatever it holds)."""
     argv = list(argv)
     if "--" not in argv:
-        raise SystemExit("usage: python -m hpc_grpo.job.verl_node --spec RUN/spec.yaml [options] -- DRIVER ARGS...")
+        raise SystemExit(f"usage: python -m hpc_grpo.job.verl_node --spec RUN/{SPEC_FILE} [options] -- DRIVER ARGS...")
     split = argv.index("--")
     p = argparse.ArgumentParser(prog="python -m hpc_grpo.job.verl_node", description=__doc__.split("\n")[0])
-    p.add_argument("--spec", required=True, type=Path, help="RUN_DIR/spec.yaml, the frozen run spec")
+    p.add_argument("--spec", required=True, type=Path, help=f"RUN_DIR/{SPEC_FILE}, the frozen run spec")
     p.add_argument("--nodes", required=True, type=int)
     p.add_argument("--gpus-per-node", required=True, type=int, help="Ray's GPUs per node (CPU mode: stand-ins)")
     p.add_argument("--ray-cpus", required=True, type=int, help="Ray's logical CPUs per node")
@@ -144,7 +144,7 @@ def _touch(path: Path) -> None:
         log(f"could not write {path}: {exc}", err=True)
 
 
-def _wait_workers_stopped(files: node_plan.StateFiles, nodes: int) -> None:
+def _wait_workers_stopped(files: StateFiles, nodes: int) -> None:
     """Node 0, at its end: wait (with a deadline) until every worker node has stopped its Ray."""
     deadline = time.monotonic() + WORKERS_STOPPED_S
     while missing := [p for p in files.workers(nodes) if not p.exists()]:
@@ -174,7 +174,7 @@ def _run_driver(argv: list[str], env: dict[str, str]) -> int:
 def run_head(o: Options, layout: NodeLayout, env: dict[str, str]) -> int:
     p = node_plan.ports(layout.job_id, layout.index)
     gcs = f"{layout.head_address}:{p.gcs}"
-    files = node_plan.state_files(o.ray_dir, layout.job_id, layout.attempt)
+    files = state_files(o.ray_dir, layout.job_id, layout.attempt)
     temp = node_plan.ray_temp_dir(layout.job_id, layout.index)
     ray = RayNode(temp)
     for stale in (files.done, files.joined):
@@ -214,16 +214,16 @@ def _drive(o: Options, argv: list[str], env: dict[str, str]) -> int:
     job. A failed driver gets the disk check: verl does not say when a save failed for want of space."""
     from hpc_grpo.job import disk, prune_poller
 
-    verl_log = o.run_dir / VERL_LOG
+    verl_file = verl_log(o.run_dir)
     prune_poller.prune_once(o.run_dir, "job start")
-    thread, stop = prune_poller.start_thread(o.run_dir, verl_log=verl_log)
+    thread, stop = prune_poller.start_thread(o.run_dir, verl_log=verl_file)
     try:
         status = node_plan.exit_status(_run_driver(argv, env))
         log(f"driver exited with status {status}")
     finally:
         stop.set()
         thread.join(timeout=30)
-    prune_poller.prune_once(o.run_dir, "run end", verl_log)
+    prune_poller.prune_once(o.run_dir, "run end", verl_file)
     if status != 0:
         disk.check_after_failure(o.spec)
     return status
@@ -232,7 +232,7 @@ def _drive(o: Options, argv: list[str], env: dict[str, str]) -> int:
 def run_worker(o: Options, layout: NodeLayout) -> int:
     p = node_plan.ports(layout.job_id, layout.index)
     gcs = f"{layout.head_address}:{p.gcs}"
-    files = node_plan.state_files(o.ray_dir, layout.job_id, layout.attempt)
+    files = state_files(o.ray_dir, layout.job_id, layout.attempt)
     ray = RayNode(node_plan.ray_temp_dir(layout.job_id, layout.index))
     label = f"node {layout.name}"
     try:
@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if line:
             log(f"{layout.name}: {line}")
-        files = node_plan.state_files(o.ray_dir, layout.job_id, layout.attempt)
+        files = state_files(o.ray_dir, layout.job_id, layout.attempt)
         files.folder.mkdir(parents=True, exist_ok=True)
         if layout.index == 0:
             return run_head(o, layout, env)

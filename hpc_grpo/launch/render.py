@@ -18,7 +18,7 @@ from hpc_grpo import __version__
 from hpc_grpo.cluster import sbatch
 from hpc_grpo.evaluation import evaluate
 from hpc_grpo.config import registry
-from hpc_grpo.runstate import runs
+from hpc_grpo.runstate import layout
 from hpc_grpo.engines import get_engine
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.common.yamlio import SpecError, dump_yaml
@@ -94,15 +94,7 @@ def environment(folder: str | None = None) -> jinja2.Environment:
     return env
 
 
-# --------------------------------------------------------------------------------- run layout
-def spec_path(spec: RunSpec) -> Path:
-    return spec.path / "spec.yaml"
-
-
-def submitit_dir(spec: RunSpec) -> Path:
-    return spec.path / "submitit"
-
-
+# --------------------------------------------------------------------------------- the scripts
 def submitit_command(folder: Path, python: str) -> str:
     """The command submitit puts on the srun line (SlurmExecutor._submitit_command_str, with python=spec.python)."""
     return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
@@ -123,15 +115,15 @@ def sbatch_context(spec: RunSpec, command: str, extra: list[tuple[str, Any]] | N
     options. `extra`: more #SBATCH options (the evaluation job's afterany dependency, a chained follow-on's
     afternotok)."""
     c = spec.cluster
-    folder = submitit_dir(spec)
-    options = sbatch.options(sbatch.request(spec), folder, extra)
+    options = sbatch.options(sbatch.request(spec), layout.log_patterns(spec.path, 0), extra)
     for key, value in options:
         # sbatch reads these lines itself: it knows neither $'...' nor a value that goes on past the line.
         if _ESCAPE.search(str(value)):
             raise SpecError(f"#SBATCH --{key} cannot hold control characters or line breaks: {value!r}",
                             key=f"sbatch --{key}")
     return {"sbatch": options, **sbatch.requeue_mode(c.requeue, chained=c.restart == "chain"),
-            "srun_args": sbatch.srun_args(folder, c.setup.container, spec.run_dir), "command": shlex.split(command)}
+            "srun_args": sbatch.srun_args(layout.log_patterns(spec.path, "%t"), c.setup.container, spec.run_dir),
+            "command": shlex.split(command)}
 
 
 def common_context(spec: RunSpec) -> dict[str, Any]:
@@ -144,6 +136,9 @@ def common_context(spec: RunSpec) -> dict[str, Any]:
         "recreate": recreate_argv(spec),  # a list: `| sh` quotes each word
         "setup": spec.cluster.setup,
         "env": spec.cluster.env,
+        # run-directory names the scripts' comments mention (hpc_grpo.runstate.layout names them)
+        "launch_script": layout.LAUNCH_SCRIPT,
+        "spec_name": layout.SPEC_FILE,
     }
 
 
@@ -173,18 +168,19 @@ def launch_context(spec: RunSpec) -> dict[str, Any]:
         # set before Ray starts on every node, so every process Ray starts inherits it (verl's CPU plugin)
         "node_env": cmd.node_env,
         "join_timeout_s": r.launch.ray_join_timeout_s,
-        "spec_file": f"{spec.run_dir}/{runs.SPEC}",
-        "ray_dir": f"{spec.run_dir}/ray",
+        "spec_file": str(layout.spec_file(spec.path)),
+        "ray_dir": str(layout.ray_dir(spec.path)),
         # no Slurm to say where the node is: the profile's loopback address (the node layout is Slurm's otherwise)
         "local_address": spec.cluster.local_address if spec.cluster.scheduler == "local" else None,
         # verl's own driver gets the overrides resume preparation writes at job start (a custom one does not)
         "resume_args": spec.recipe.launch.driver is None,
+        "resume_args_file": str(layout.state_files(layout.ray_dir("RUN_DIR"), "JOB_ID", "ATTEMPT").resume_args),
     }
 
 
 def render_sbatch(spec: RunSpec, command: str | None = None, extra: list[tuple[str, Any]] | None = None) -> str:
     """The batch script Slurm receives. `command` is submitit's; render time computes the same one."""
-    command = command or submitit_command(submitit_dir(spec), spec.python)
+    command = command or submitit_command(layout.submitit_dir(spec.path), spec.python)
     tmpl = environment().get_template("sbatch.sh.j2")
     return tmpl.render(**common_context(spec), **sbatch_context(spec, command, extra))
 
@@ -203,7 +199,7 @@ def frozen_spec_text(spec: RunSpec) -> str:
 def render_eval_sbatch(spec: RunSpec, command: str | None = None, extra: list[tuple[str, Any]] | None = None) -> str:
     """The eval job's batch script (`spec`: the run's): the same template with the eval job's resources. Its
     dependency on the training job (`extra`) is known only at submit, which then saves the text Slurm received."""
-    command = command or submitit_command(submitit_dir(spec), spec.python)
+    command = command or submitit_command(layout.submitit_dir(spec.path), spec.python)
     tmpl = environment().get_template("sbatch.sh.j2")
     # The header's run and re-create command are the run's; the #SBATCH lines are the eval job's.
     return tmpl.render(**common_context(spec), **sbatch_context(evaluate.eval_spec(spec), command, extra))
@@ -212,12 +208,12 @@ def render_eval_sbatch(spec: RunSpec, command: str | None = None, extra: list[tu
 def render_all(spec: RunSpec) -> dict[str, str]:
     """Every file a run is made from, by path relative to the run directory."""
     files = {
-        "spec.yaml": frozen_spec_text(spec),
-        "scripts/sbatch.sh": render_sbatch(spec),
-        "scripts/launch.sh": render_launch(spec),
+        layout.SPEC_FILE: frozen_spec_text(spec),
+        layout.SBATCH_SCRIPT: render_sbatch(spec),
+        layout.LAUNCH_SCRIPT: render_launch(spec),
     }
     if evaluate.queued_after_training(spec):
-        files[evaluate.EVAL_SCRIPT] = render_eval_sbatch(spec)
+        files[layout.EVAL_SBATCH_SCRIPT] = render_eval_sbatch(spec)
     return files
 
 

@@ -23,10 +23,9 @@ import submitit
 from hpc_grpo.cluster import job_env, sbatch
 from hpc_grpo.evaluation import evaluate
 from hpc_grpo.launch import chain, render
-from hpc_grpo.runstate import restart, runs, save_request
+from hpc_grpo.runstate import layout, restart, runs, save_request
 from hpc_grpo.config.resolve import load_frozen
 from hpc_grpo.config.spec import RunSpec
-from hpc_grpo.common.yamlio import SpecError
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +66,7 @@ class TrainJob:
 
     def __call__(self) -> int:
         run_dir = Path(self.run_dir)
-        spec = load_frozen(run_dir / runs.SPEC)
+        spec = load_frozen(layout.spec_file(run_dir))
         env = submitit.JobEnvironment()
         chained = spec.cluster.scheduler == "slurm" and spec.cluster.restart == "chain"
         self._attempt = f"{env.job_id}.{job_env.restart_count()}.{os.getpid()}"
@@ -77,7 +76,7 @@ class TrainJob:
             signal.signal(signal.SIGUSR2, lambda signum, frame: self._request_save())
             if not chain.start(spec, env.job_id, env.global_rank, self.after, submit_follow_on):
                 return 0
-        script = run_dir / "scripts" / "launch.sh"
+        script = layout.launch_script(run_dir)
         child_env = {**os.environ, save_request.ATTEMPT_ENV: self._attempt}
         self._started = time.time()
         self._proc = subprocess.Popen(["bash", str(script)], cwd=self.run_dir, env=child_env)
@@ -88,7 +87,7 @@ class TrainJob:
         except _TrainingFinished:
             return 0
         if rc != 0 and self._finished():
-            rc = 0  # killed by a late signal after it had written train_done.json: the run is trained
+            rc = 0  # killed by a late signal after it had written its done file: the run is trained
         if rc == save_request.STOPPED_FOR_REQUEUE and chained:
             print("hpc-grpo: saved on the signal; chained mode: waiting for Slurm to end this job, its follow-on "
                   "then resumes", flush=True)
@@ -136,7 +135,7 @@ class TrainJob:
 
         env = submitit.JobEnvironment()
         run_dir = Path(self.run_dir)
-        spec = load_frozen(run_dir / runs.SPEC)
+        spec = load_frozen(layout.spec_file(run_dir))
         if spec.cluster.restart == "chain":
             # Only reached when the signal came before __call__ installed the chained handler (its first second).
             runs.append_history(run_dir, env.job_id, "failed", "slurm",
@@ -197,12 +196,12 @@ class TrainJob:
         return state in ("Z", "X")
 
     def _finished(self) -> bool:
-        """The training process ended by finishing the run (train_done.json written during this attempt)."""
+        """The training process ended by finishing the run (its done file written during this attempt)."""
         if self._proc is None or not self._exited():
             return False
         if self._proc.returncode == 0:
             return True
-        done = Path(self.run_dir) / "train_done.json"
+        done = layout.done_file(self.run_dir)
         return done.is_file() and done.stat().st_mtime >= self._started
 
 
@@ -217,7 +216,8 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
     def __init__(self, spec: RunSpec, extra_sbatch: list[tuple[str, Any]] | None = None,
                  eval_job: bool = False) -> None:
         # python: the frozen interpreter, so the srun line runs the same one as every other in-job step.
-        super().__init__(folder=render.submitit_dir(spec), max_num_timeout=1_000_000, python=shlex.quote(spec.python))
+        super().__init__(folder=layout.submitit_dir(spec.path), max_num_timeout=1_000_000,
+                         python=shlex.quote(spec.python))
         self.spec = spec
         self.extra_sbatch = list(extra_sbatch or [])
         self.eval_job = eval_job  # the run's eval job: scripts/eval_sbatch.sh's text (render.render_eval_sbatch)
@@ -236,7 +236,7 @@ def slurm_parameters(spec: RunSpec) -> dict[str, Any]:
         "job_name": spec.run_name,
         "nodes": r.resources.nodes,
         "ntasks_per_node": 1,
-        "cpus_per_task": r.resources.cpus_per_task or c.cpus_per_node,
+        "cpus_per_task": spec.cpus_per_task,
         "time": r.resources.time_min,
         "signal_delay_s": c.signal_delay_s,
     }
@@ -245,40 +245,19 @@ def slurm_parameters(spec: RunSpec) -> dict[str, Any]:
     return params
 
 
-def check_partition(spec: RunSpec) -> None:
-    """Ask Slurm what the partition really has: a request it can never satisfy is refused now, not left pending."""
-    from hpc_grpo.cluster import slurm
-
-    r, c = spec.recipe, spec.cluster
-    partition = r.resources.partition or c.partition
-    limits = slurm.partition_limits(partition)
-    where = f"partition {limits.name}"
-    if r.resources.nodes > limits.nodes:
-        raise SpecError(f"{r.resources.nodes} nodes asked; {where} has {limits.nodes}", key="resources.nodes")
-    if spec.gpus_per_node > limits.gpus_per_node:
-        raise SpecError(f"{spec.gpus_per_node} GPUs per node asked; {where} nodes have {limits.gpus_per_node}",
-                        key="resources.gpus_per_node")
-    cpus = r.resources.cpus_per_task or c.cpus_per_node
-    if cpus > limits.cpus_per_node:
-        raise SpecError(f"{cpus} CPUs per task asked; {where} nodes have {limits.cpus_per_node}",
-                        key="resources.cpus_per_task")
-    if limits.max_time_min is not None and r.resources.time_min > limits.max_time_min:
-        raise SpecError(f"time {r.resources.time} asked; {where} allows {limits.max_time_min} minutes",
-                        key="resources.time")
-
-
 def write_run(spec: RunSpec, files: dict[str, str]) -> None:
     render.write_files(spec.path, files)
-    (spec.path / "checkpoints").mkdir(exist_ok=True)
+    layout.checkpoints_dir(spec.path).mkdir(exist_ok=True)
 
 
 def submit_run(spec: RunSpec, files: dict[str, str], purpose: str = "train", note: str = "",
                data: dict[str, Any] | None = None) -> Submission:
     """Create the run directory, write the frozen spec and scripts, submit, record the job id (with a note and
-    details, e.g. what `hpc-grpo resume` resumes from)."""
+    details, e.g. what `hpc-grpo resume` resumes from).
+
+    The caller has run the plan for submission (planning.plan.run_plan, for_submit=True): its preflight is the one
+    check of the request against what Slurm's partition has (planning.preflight.check_slurm)."""
     restart.check(spec)
-    if spec.cluster.scheduler == "slurm":
-        check_partition(spec)
     with runs.submit_lock(spec.path):
         runs.refuse_if_live(spec.path)
         write_run(spec, files)
@@ -292,9 +271,9 @@ def _submit_slurm(spec: RunSpec, purpose: str, note: str = "", data: dict[str, A
     executor.update_parameters(**slurm_parameters(spec))
     job = executor.submit(TrainJob(spec.run_dir))
     # Same text Slurm received; equal to the rendered one.
-    (spec.path / "scripts" / "sbatch.sh").write_text(executor.last_script)
+    layout.sbatch_script(spec.path).write_text(executor.last_script)
     runs.append_history(spec.path, job.job_id, purpose, "slurm", note=note, data=data)
-    log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
+    log = layout.job_log(spec.path, job.job_id)
     eval_job = None
     if evaluate.queued_after_training(spec):
         # Chained mode: this first job ends by its time limit and the run goes on in follow-ons with new job ids, so
@@ -304,50 +283,48 @@ def _submit_slurm(spec: RunSpec, purpose: str, note: str = "", data: dict[str, A
 
 
 def _submit_local(spec: RunSpec, purpose: str, note: str = "", data: dict[str, Any] | None = None) -> Submission:
-    executor = submitit.LocalExecutor(folder=render.submitit_dir(spec), python=shlex.quote(spec.python))
+    executor = submitit.LocalExecutor(folder=layout.submitit_dir(spec.path), python=shlex.quote(spec.python))
     executor.update_parameters(timeout_min=spec.recipe.resources.time_min, nodes=1, tasks_per_node=1,
                                gpus_per_node=spec.gpus_per_node)
     job = executor.submit(TrainJob(spec.run_dir, eval_after=spec.recipe.eval.enabled))
     runs.append_history(spec.path, job.job_id, purpose, "local", note=note, data=data)
-    log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
+    log = layout.job_log(spec.path, job.job_id)
     return Submission(spec.path, job.job_id, "local", str(log), job)
-
 
 
 def submit_follow_on(spec: RunSpec, after: str) -> str:
     """Chained mode: queue the run's next job, to start only if job `after` does not end well (afternotok).
 
-    Submitted from inside a job: submitit's clean_env() drops the job's SLURM_* variables (the new job would
-    inherit its allocation's), but also SLURM_CONF, which the clients need to find a non-system cluster.
-    `--kill-on-invalid-dep` removes the follow-on when `after` completes, so it never waits forever.
+    Submitted from inside a job (submit_detached). `--kill-on-invalid-dep` removes the follow-on when `after`
+    completes, so it never waits forever.
     """
     executor = TemplateSlurmExecutor(spec, extra_sbatch=sbatch.follow_on(after))
     executor.update_parameters(**slurm_parameters(spec))
+    return str(submit_detached(executor, TrainJob(spec.run_dir, after=after)).job_id)
+
+
+def submit_detached(executor: submitit.Executor, fn: Any) -> Any:
+    """Submit `fn` as a job of its own, also from inside a job: the chained follow-on and the eval job.
+
+    submitit's clean_env() drops the surrounding job's SLURM_* variables (the new job would inherit its
+    allocation's), SLURM_CONF too, which the clients need to find a non-system cluster: that one is put back."""
     conf = os.environ.get("SLURM_CONF")
     with submitit.helpers.clean_env():
         if conf:
             os.environ["SLURM_CONF"] = conf
-        job = executor.submit(TrainJob(spec.run_dir, after=after))
-    return str(job.job_id)
+        return executor.submit(fn)
 
 
 def submit_eval(spec: RunSpec, argv: list[str], after: str | None = None) -> Submission:
     """Queue the run's eval job on Slurm (afterany `after` when given: the job checks the run is trained), from a
     clean environment, with the eval job's own resources (evaluation.evaluate.eval_spec)."""
-    espec = evaluate.eval_spec(spec)
-    conf = os.environ.get("SLURM_CONF")
-    with submitit.helpers.clean_env():
-        # clean_env drops every SLURM_* variable, SLURM_CONF too: without it sbatch would not find this cluster.
-        if conf:
-            os.environ["SLURM_CONF"] = conf
-        executor = TemplateSlurmExecutor(spec, extra_sbatch=[("dependency", evaluate.dependency(after))] if after
-                                         else None, eval_job=True)
-        executor.update_parameters(**slurm_parameters(espec))
-        job = executor.submit(evaluate.EvalJob(argv))
+    executor = TemplateSlurmExecutor(spec, extra_sbatch=[("dependency", evaluate.dependency(after))] if after
+                                     else None, eval_job=True)
+    executor.update_parameters(**slurm_parameters(evaluate.eval_spec(spec)))
+    job = submit_detached(executor, evaluate.EvalJob(argv))
     if executor.last_script:  # what Slurm received: the rendered script plus the dependency
-        script = Path(spec.path) / evaluate.EVAL_SCRIPT
+        script = layout.eval_sbatch_script(spec.path)
         script.parent.mkdir(parents=True, exist_ok=True)
         script.write_text(executor.last_script)
     runs.append_history(spec.path, job.job_id, "eval", "slurm", note=evaluate.dependency(after) if after else "")
-    log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
-    return Submission(spec.path, job.job_id, "slurm", str(log), job)
+    return Submission(spec.path, job.job_id, "slurm", str(layout.job_log(spec.path, job.job_id)), job)

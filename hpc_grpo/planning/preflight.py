@@ -256,14 +256,13 @@ def _plan_talks_to_it(spec: RunSpec) -> bool:
 
 
 def check_slurm(spec: RunSpec, make: Make, for_submit: bool) -> list[Finding]:
-    from hpc_grpo.cluster import slurm
+    from hpc_grpo.cluster import sbatch, slurm
 
     if not for_submit and not _plan_talks_to_it(spec):
         return [info("cluster", f"Slurm checks of '{spec.cluster.name}' (MaxTime, GRES, account, sbatch --test-only) "
                      "run at submit, on a machine that talks to that cluster")]
-    r, c = spec.recipe, spec.cluster
-    res = r.resources
-    partition = res.partition or c.partition
+    res = spec.recipe.resources
+    partition = sbatch.request(spec).partition  # the recipe's, else the profile's
     try:
         limits = slurm.partition_limits(partition)
         nodes = slurm.partition_nodes(limits.name)
@@ -278,23 +277,20 @@ def check_slurm(spec: RunSpec, make: Make, for_submit: bool) -> list[Finding]:
                         f"{limits.max_time_min} min (MaxTime)",
                         f"use resources.time<={limits.max_time_min}: the run resumes from its checkpoints after each "
                         "time limit"))
-    gpus, cpus = spec.gpus_per_node, res.cpus_per_task or c.cpus_per_node
+    gpus, cpus = spec.gpus_per_node, spec.cpus_per_task
     mem_mb = (res.mem_gb or 0) * 1024
     if res.nodes > limits.nodes:
         out.append(make("resources.nodes", f"{res.nodes} nodes asked; {where} has {limits.nodes}",
                         f"use resources.nodes<={limits.nodes}"))
-    most = max((n.gpus for n in nodes), default=0)
-    if gpus > most:
-        out.append(make("resources.gpus_per_node", f"{gpus} GPUs per node asked; {where} nodes have {most} (GRES)",
-                        f"use resources.gpus_per_node<={most}"))
-    most_cpus = max((n.cpus for n in nodes), default=0)
-    if cpus > most_cpus:
-        out.append(make("resources.cpus_per_task", f"{cpus} CPUs per task asked; {where} nodes have {most_cpus}",
-                        f"use resources.cpus_per_task<={most_cpus}"))
-    most_mem = max((n.mem_mb for n in nodes), default=0)
-    if mem_mb > most_mem:
-        out.append(make("resources.mem_gb", f"{res.mem_gb} GB per node asked; {where} nodes have {most_mem} MB",
-                        f"use resources.mem_gb<={most_mem // 1024}"))
+    most_gpus, most_cpus, most_mem = (max((getattr(n, a) for n in nodes), default=0)
+                                      for a in ("gpus", "cpus", "mem_mb"))
+    # (key, asked, the most a node has, the request, what the nodes have, the largest value of the key that fits)
+    for key, asked, most, request, have, fits in (
+            ("resources.gpus_per_node", gpus, most_gpus, f"{gpus} GPUs per node", f"{most_gpus} (GRES)", most_gpus),
+            ("resources.cpus_per_task", cpus, most_cpus, f"{cpus} CPUs per task", f"{most_cpus}", most_cpus),
+            ("resources.mem_gb", mem_mb, most_mem, f"{res.mem_gb} GB per node", f"{most_mem} MB", most_mem // 1024)):
+        if asked > most:
+            out.append(make(key, f"{request} asked; {where} nodes have {have}", f"use {key}<={fits}"))
     if not out:
         fit = [n for n in nodes if n.gpus >= gpus and n.cpus >= cpus and n.mem_mb >= mem_mb]
         if len(fit) < res.nodes:

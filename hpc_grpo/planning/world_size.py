@@ -10,8 +10,8 @@ from pathlib import Path
 
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.spec import RunSpec
-from hpc_grpo.evaluation.export import export_dir
 from hpc_grpo.runstate import checkpoints as ck
+from hpc_grpo.runstate.layout import export_dir
 
 
 class WorldSizeMismatch(SpecError):
@@ -67,8 +67,8 @@ def check_world_size(spec: RunSpec, ckpt: ck.Checkpoint | None, before: RunSpec 
     raise WorldSizeMismatch(
         f"world size {new} (resources.nodes={res.nodes} x {spec.procs_key}={spec.procs_per_node}) is refused: "
         f"the newest complete checkpoint {ckpt.path} is a verl FSDP checkpoint saved at world size {saved} "
-        f"(actor/model_world_size_{saved}_rank_*.pt), and verl loads FSDP shards only at the world size that wrote "
-        f"them (it would look for model_world_size_{new}_rank_*.pt and fail at load, after the queue wait).\n"
+        f"({ck.ACTOR}/{ck.fsdp_shard('model', saved, '*')}), and verl loads FSDP shards only at the world size that "
+        f"wrote them (it would look for {ck.fsdp_shard('model', new, '*')} and fail at load, after the queue wait).\n"
         f"Fix, one of:\n"
         f"  (a) resume at world size {saved}: hpc-grpo resume {run} {back}\n"
         f"  (b) export step {ckpt.step} to a Hugging Face folder with verl's merger and start a new run from those "

@@ -30,16 +30,23 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-QUARANTINE_DIR = "checkpoints-incomplete"
-CHECKPOINTS = "checkpoints"
+from hpc_grpo.runstate.layout import checkpoints_dir, quarantine_dir  # the run directory's names
+
 TRACKER = "latest_checkpointed_iteration.txt"  # verl's tracker, in RUN/checkpoints/
 ENGINES = ("verl", "trl")
 LAYOUTS = ("verl-fsdp", "verl-megatron", "trl", "unknown")
 
 FOLDER_RE = {"verl": re.compile(r"^global_step_(\d+)$"), "trl": re.compile(r"^checkpoint-(\d+)$")}
+FOLDER_FORM = {"verl": "global_step_N", "trl": "checkpoint-N"}  # how messages name them
+TRAINER_STATE = "trainer_state.json"  # trl: written after the rest of a checkpoint
+ADAPTER_CONFIG = "adapter_config.json"  # peft: a folder whose weights are a LoRA adapter
 FSDP_KINDS = ("model", "optim", "extra_state")
 FSDP_SHARD_RE = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
+ACTOR = "actor"  # verl: the actor's state in global_step_N/ (the merger's input)
+LORA_META = "lora_train_meta.json"  # verl FSDP LoRA: r and lora_alpha, in actor/
+LORA_ADAPTER = "lora_adapter"  # verl: where a LoRA adapter is written (Megatron's checkpoint, FSDP's merger output)
 TRL_WEIGHTS = ("adapter_model.safetensors", "model.safetensors", "adapter_model.bin", "pytorch_model.bin")
 TRL_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 TRL_STATE = ("optimizer.pt", "scheduler.pt")
@@ -58,11 +65,6 @@ class Checkpoint:
     reason: str  # why complete ("4 FSDP shards") or not ("model shard rank 3 truncated")
     size_bytes: int  # regular files below path; symlinks neither followed nor counted
     mtime: float  # newest mtime below path: a writer still at work keeps it fresh
-
-
-def checkpoint_dir(run_dir: Path) -> Path:
-    """RUN_DIR/checkpoints, for both engines (verl's default_local_dir, trl's output_dir)."""
-    return Path(run_dir) / CHECKPOINTS
 
 
 # ------------------------------------------------------------------------------------ single files
@@ -140,7 +142,7 @@ def list_checkpoints(run_dir: Path, engine: str) -> list[Checkpoint]:
     complete=False with its reason. engine: "verl" (global_step_N) or "trl" (checkpoint-N)."""
     if engine not in FOLDER_RE:
         raise ValueError(f"engine {engine!r} is not one of {ENGINES}")
-    root = checkpoint_dir(run_dir)
+    root = checkpoints_dir(run_dir)
     try:
         entries = list(os.scandir(root))
     except OSError:
@@ -158,7 +160,7 @@ def candidates(run_dir: Path, engine: str) -> list[tuple[int, Path]]:
     Prune's first pass (hpc_grpo.runstate.prune): it opens only the entries whose verdict needs it."""
     pattern = FOLDER_RE[engine]
     try:
-        with os.scandir(checkpoint_dir(run_dir)) as it:
+        with os.scandir(checkpoints_dir(run_dir)) as it:
             found = [(int(m.group(1)), Path(e.path)) for e in it if (m := pattern.match(e.name))]
     except OSError:
         return []
@@ -169,8 +171,8 @@ def judge(path: Path, engine: str, step: int | None = None) -> Checkpoint:
     """One folder as a Checkpoint (step from its name unless given)."""
     path = Path(path)
     if step is None:
-        m = FOLDER_RE[engine].match(path.name)
-        step = int(m.group(1)) if m else -1
+        named = folder_step(engine, path.name)
+        step = -1 if named is None else named
     size, mtime = _size_and_mtime(path)
     if path.is_symlink():
         return Checkpoint(step, path, "unknown", False, "a symlink (never followed)", 0, mtime)
@@ -192,11 +194,16 @@ def newest_complete(ckpts: list[Checkpoint]) -> Checkpoint | None:
     return max(done, key=lambda c: c.step) if done else None
 
 
+def tracker_file(run_dir: Path) -> Path:
+    """verl's latest_checkpointed_iteration.txt, in RUN/checkpoints/."""
+    return checkpoints_dir(run_dir) / TRACKER
+
+
 def tracker_step(run_dir: Path) -> int | None:
     """The step in verl's latest_checkpointed_iteration.txt; None when missing, empty or garbage
     (verl's own `auto` mode crashes on an empty one and restarts from 0 on a missing one)."""
     try:
-        text = (checkpoint_dir(run_dir) / TRACKER).read_text(encoding="utf-8").strip()
+        text = tracker_file(run_dir).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return int(text) if text.isdigit() else None
@@ -205,7 +212,7 @@ def tracker_step(run_dir: Path) -> int | None:
 def quarantine(run_dir: Path, ckpt: Checkpoint) -> Path:
     """Move (never delete) a checkpoint folder into RUN_DIR/checkpoints-incomplete/ under a unique
     name; returns the new path. The caller holds the run's checkpoint lock (runs.checkpoint_lock)."""
-    target_dir = Path(run_dir) / QUARANTINE_DIR
+    target_dir = quarantine_dir(run_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{ckpt.path.name}.{time.strftime('%Y%m%d-%H%M%S')}"
     for i in range(1000):
@@ -261,7 +268,7 @@ def _first_problem(files: list[Path]) -> str:
 
 def _trl_complete(path: Path, step: int) -> tuple[bool, str]:
     """transformers writes weights, then optimizer/scheduler/RNG state, then trainer_state.json."""
-    state = path / "trainer_state.json"
+    state = path / TRAINER_STATE
     ok, why = file_is_whole(state)
     if not ok:
         return False, why
@@ -304,7 +311,7 @@ def _trl_weights(path: Path) -> str:
 
 
 def _verl_complete(path: Path) -> tuple[str, bool, str]:
-    actor = path / "actor"
+    actor = actor_dir(path)
     if (actor / "ckpt_contents.json").exists() or any((actor / d).is_dir() for d in ("model", "optimizer", "extra")):
         layout = "verl-megatron"
         ok, reason = _megatron_complete(actor)
@@ -331,20 +338,20 @@ def _fsdp_complete(actor: Path) -> tuple[bool, str]:
         return False, "fsdp_config.json has no positive integer world_size"
     for kind in FSDP_KINDS:
         for rank in range(world):
-            shard = actor / f"{kind}_world_size_{world}_rank_{rank}.pt"
+            shard = actor / fsdp_shard(kind, world, rank)
             if not shard.exists():
                 return False, f"{kind} shard rank {rank} of {world} is missing"
             ok, why = file_is_whole(shard)
             if not ok:
                 return False, f"{kind} shard rank {rank} of {world}: {why}"
-    extras = [actor / n for n in ("lora_train_meta.json",) if (actor / n).exists()]
-    hf = actor / "huggingface"
+    extras = [actor / n for n in (LORA_META,) if (actor / n).exists()]
+    hf = hf_dir(actor.parent, "verl-fsdp")
     if hf.is_dir():
         extras += sorted(p for p in hf.iterdir() if p.suffix in (".json", ".safetensors"))
     problem = _first_problem(extras)
     if problem:
         return False, problem
-    lora = " (LoRA)" if (actor / "lora_train_meta.json").exists() else ""
+    lora = " (LoRA)" if (actor / LORA_META).exists() else ""
     return True, f"{world} FSDP shards{lora}"
 
 
@@ -399,11 +406,29 @@ def recorded_total_steps(ckpt: Checkpoint) -> int | None:
     (verl records none: its total comes from the recipe). None when absent or not a positive integer."""
     if ckpt.layout != "trl":
         return None
-    try:
-        value = json.loads((ckpt.path / "trainer_state.json").read_text(encoding="utf-8")).get("max_steps")
-    except (OSError, ValueError, AttributeError):
-        return None
+    value = (trainer_state(ckpt.path) or {}).get("max_steps")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def trainer_state(path: Path) -> dict[str, Any] | None:
+    """A trl checkpoint's trainer_state.json (log_history, max_steps, ...); None when missing, unreadable or not a
+    mapping."""
+    try:
+        state = json.loads((Path(path) / TRAINER_STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def folder_step(engine: str, name: str) -> int | None:
+    """The step of a checkpoint folder's name (global_step_N, checkpoint-N); None for any other name."""
+    m = FOLDER_RE[engine].match(name)
+    return int(m.group(1)) if m else None
+
+
+def holds_adapter(folder: Path) -> bool:
+    """Whether a trl checkpoint (or any Hugging Face folder) holds a peft adapter rather than whole weights."""
+    return (Path(folder) / ADAPTER_CONFIG).is_file()
 
 
 def fsdp_world_size(ckpt: Checkpoint) -> int | None:
@@ -412,4 +437,42 @@ def fsdp_world_size(ckpt: Checkpoint) -> int | None:
     (Megatron dist checkpoints reshard; trl saves whole weights) and for an FSDP folder without a readable W."""
     if ckpt.layout != "verl-fsdp":
         return None
-    return _fsdp_world(ckpt.path / "actor")
+    return _fsdp_world(actor_dir(ckpt.path))
+
+
+def fsdp_shard(kind: str, world: int | str, rank: int | str) -> str:
+    """The name of one FSDP shard file in actor/ ("model", 4, 0 -> model_world_size_4_rank_0.pt; "*" globs)."""
+    return f"{kind}_world_size_{world}_rank_{rank}.pt"
+
+
+def actor_dir(ckpt: Path) -> Path:
+    """verl: a global_step_N folder's actor state (FSDP shards or Megatron's dist checkpoint)."""
+    return Path(ckpt) / ACTOR
+
+
+def hf_dir(ckpt: Path, layout: str) -> Path:
+    """verl: the Hugging Face folder a checkpoint carries: FSDP's config and tokenizer copy (actor/huggingface/),
+    Megatron's weights written by mbridge (actor/model/huggingface/)."""
+    actor = actor_dir(ckpt)
+    return actor / "model" / "huggingface" if layout == "verl-megatron" else actor / "huggingface"
+
+
+def megatron_adapter(ckpt: Path) -> Path | None:
+    """verl Megatron with LoRA: the adapter folder, beside mbridge's HF weights or in actor/; None without LoRA."""
+    for folder in (hf_dir(ckpt, "verl-megatron") / LORA_ADAPTER, actor_dir(ckpt) / LORA_ADAPTER):
+        if folder.is_dir():
+            return folder
+    return None
+
+
+TRL_TRAINER_FILES = ("trainer_state", "training_args", "optimizer", "scheduler", "rng_state")  # name prefixes
+
+
+def trl_model_files(path: Path) -> list[Path]:
+    """A full fine-tune trl checkpoint's Hugging Face model files (weights, config, tokenizer), without the trainer's
+    state; empty when the checkpoint holds no whole weights (model.safetensors or its shards)."""
+    path = Path(path)
+    if not ((path / "model.safetensors").is_file() or any(path.glob("model-*.safetensors"))):
+        return []
+    return [f for f in sorted(path.iterdir()) if f.is_file() and f.suffix in (".safetensors", ".json", ".jinja", ".txt")
+            and not f.name.startswith(TRL_TRAINER_FILES)]

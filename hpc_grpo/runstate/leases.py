@@ -15,25 +15,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from hpc_grpo.runstate import layout
 from hpc_grpo.runstate.runs import checkpoint_lock
 
-LEASE_DIR = "leases"
 LEASE_MAX_AGE_S = 2 * 86400  # a lease from another host whose holder cannot be asked is trusted this long
 
 
 def _lease_files(run_dir: Path) -> Iterator[tuple[int, str, int, Path]]:
-    folder = Path(run_dir) / LEASE_DIR
+    folder = layout.leases_dir(run_dir)
     try:
         names = os.listdir(folder)
     except OSError:
         return
     for name in names:
-        parts = name.split(".")
-        if len(parts) >= 5 and parts[0].startswith("step_") and parts[-1] == "lease":  # step_N.HOST.ID.PID.lease
-            try:
-                yield int(parts[0][5:]), ".".join(parts[1:-3]), int(parts[-2]), folder / name
-            except ValueError:
-                continue
+        lease = layout.parse_lease(name)
+        if lease is not None:
+            yield *lease, folder / name
 
 
 def active_leases(run_dir: Path, now: float | None = None) -> frozenset[int]:
@@ -68,10 +65,9 @@ def lease(run_dir: Path, step: int) -> Iterator[Path]:
     removed it just before). The file goes when the block ends; a crashed holder's lease is ignored later.
     """
     run_dir = Path(run_dir)
-    folder = run_dir / LEASE_DIR
-    path = folder / f"step_{int(step)}.{socket.gethostname()}.{uuid.uuid4().hex[:8]}.{os.getpid()}.lease"
+    path = layout.lease_file(run_dir, step, socket.gethostname(), uuid.uuid4().hex[:8], os.getpid())
     with checkpoint_lock(run_dir):
-        folder.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"step": int(step), "pid": os.getpid(), "time": time.time()}) + "\n")
     try:
         yield path

@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpc_grpo.runstate import checkpoints as ck
-
-METRICS_FILE = "metrics.jsonl"
-VERL_LOG = "verl_metrics.jsonl"  # verl's file logger (VERL_FILE_LOGGER_PATH), rewritten from scratch at each start
-EVAL_DIR = "eval"  # RUN_DIR/eval/step_N.json (evaluation's scores; numeric leaves become metrics eval/<path>)
+from hpc_grpo.runstate import layout
 
 # our names -> the keys engines log them under (first one present wins): trl's flat keys, then verl's
 KEYS: dict[str, tuple[str, ...]] = {
@@ -151,7 +147,7 @@ def run_metrics(run_dir: Path, driver_logs: list[Path] | None = None) -> RunMetr
             continue
         rows.update({r["step"]: r for r in found})
         total = t or total
-    path = Path(run_dir) / METRICS_FILE
+    path = layout.metrics_file(run_dir)
     logged = file_rows(path)
     if logged:
         return RunMetrics(logged, total, str(path))
@@ -182,32 +178,27 @@ def logged_metrics(run_dir: Path, engine: str) -> dict[int, dict[str, float]]:
             _flatten("", row, flat)
             out.setdefault(step, {}).update(flat)
 
-    for step, raw in read_raw(run_dir / METRICS_FILE).items():
+    for step, raw in read_raw(layout.metrics_file(run_dir)).items():
         put(step, raw)
     if engine == "trl":
         for _, path in reversed(ck.candidates(run_dir, engine)):
-            try:
-                history = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))["log_history"]
-            except (OSError, ValueError, KeyError, TypeError):
+            state = ck.trainer_state(path)
+            if state is None or "log_history" not in state:
                 continue
+            history = state["log_history"]
             for row in history if isinstance(history, list) else []:
                 if isinstance(row, dict):
                     put(row.get("step"), {k: v for k, v in row.items() if k != "step"})
             break
-    try:
-        names = os.listdir(run_dir / EVAL_DIR)
-    except OSError:
-        names = []
-    for name in names:
-        if name.startswith("step_") and name.endswith(".json") and name[5:-5].isdigit():
-            try:
-                data = json.loads((run_dir / EVAL_DIR / name).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            flat: dict[str, float] = {}
-            # evaluation's files keep their scores under "metrics" (eval/gsm8k/strict_match); other numbers too
-            scores = data.get("metrics") if isinstance(data, dict) and isinstance(data.get("metrics"), dict) else data
-            _flatten("eval", scores, flat)
-            flat.pop("eval/step", None)
-            out.setdefault(int(name[5:-5]), {}).update(flat)
+    for step, path in layout.eval_results(run_dir):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        flat: dict[str, float] = {}
+        # evaluation's files keep their scores under "metrics" (eval/gsm8k/strict_match); other numbers too
+        scores = data.get("metrics") if isinstance(data, dict) and isinstance(data.get("metrics"), dict) else data
+        _flatten("eval", scores, flat)
+        flat.pop("eval/step", None)
+        out.setdefault(step, {}).update(flat)
     return out

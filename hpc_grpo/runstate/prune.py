@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.runstate import checkpoints as ck
+from hpc_grpo.runstate import layout
 from hpc_grpo.runstate.leases import active_leases
 from hpc_grpo.runstate.metrics import logged_metrics
 from hpc_grpo.runstate.retention import (
@@ -37,7 +38,6 @@ from hpc_grpo.runstate.retention import (
 )
 from hpc_grpo.runstate.runs import checkpoint_lock
 
-EXPORT_DIR = "exports"  # RUN_DIR/exports/step_N/ (written by evaluation's export)
 WORKERS = 8  # threads for listing and removal (tools/bench_prune.py measures 1 against 8)
 
 
@@ -81,7 +81,7 @@ def scan(run_dir: Path, engine: str, policy: Policy, prot: Protections) -> list[
     run_dir = Path(run_dir)
     found = ck.candidates(run_dir, engine)
     prints = _parallel(lambda sp: footprint(sp[1]) if not sp[1].is_symlink() else (0, os.lstat(sp[1]).st_mtime), found)
-    exports = _parallel(lambda sp: footprint(run_dir / EXPORT_DIR / f"step_{sp[0]}")[0], found)
+    exports = _parallel(lambda sp: footprint(layout.export_dir(run_dir, sp[0]))[0], found)
     items = {s: Item(s, p, None, "not opened", sz, mt, ex) for (s, p), (sz, mt), ex in zip(found, prints, exports)}
 
     def check(step: int) -> bool:
@@ -112,7 +112,7 @@ def scan(run_dir: Path, engine: str, policy: Policy, prot: Protections) -> list[
 
 def quarantined(run_dir: Path) -> list[tuple[Path, float, int]]:
     """checkpoints-incomplete/ entries: (path, when set aside: ctime of the entry, which a move updates, bytes)."""
-    folder = Path(run_dir) / ck.QUARANTINE_DIR
+    folder = layout.quarantine_dir(run_dir)
     out = []
     try:
         entries = list(os.scandir(folder))
@@ -198,14 +198,14 @@ def prune_run(run_dir: Path, engine: str, policy: Policy, *, dry_run: bool = Fal
         result.freed_bytes += sum(v.size_bytes for v in qverdicts if not v.keep)
         if dry_run:
             return result
-        ckpt_folder = ck.checkpoint_dir(run_dir)
+        ckpt_folder = layout.checkpoints_dir(run_dir)
         jobs: list[tuple[Path, Path]] = []
         for v in gone:
             jobs.append((v.path, ckpt_folder))
-            export = run_dir / EXPORT_DIR / f"step_{v.step}"
+            export = layout.export_dir(run_dir, v.step)
             if os.path.lexists(export):
-                jobs.append((export, run_dir / EXPORT_DIR))
-        jobs += [(v.path, run_dir / ck.QUARANTINE_DIR) for v in qverdicts if not v.keep]
+                jobs.append((export, layout.exports_dir(run_dir)))
+        jobs += [(v.path, layout.quarantine_dir(run_dir)) for v in qverdicts if not v.keep]
 
         def remove(job: tuple[Path, Path]) -> str:
             try:
@@ -230,7 +230,7 @@ def prune_spec(run_dir: Path, *, lock_timeout_s: float | None = 600.0, **overrid
     """The recipe's policy applied to a run (what jobs call at start, after saves and at the end)."""
     from hpc_grpo.config.resolve import load_frozen
 
-    spec = load_frozen(Path(run_dir) / "spec.yaml")
+    spec = load_frozen(layout.spec_file(run_dir))
     policy = Policy.from_recipe(spec.recipe.checkpoint, **overrides)
     return prune_run(Path(run_dir), spec.recipe.engine, policy, lock_timeout_s=lock_timeout_s)
 

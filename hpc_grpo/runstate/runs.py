@@ -1,4 +1,4 @@
-"""The run directory: its layout, its job history, and the lock that keeps one live job per run.
+"""A run directory's job history and its locks: the lease lock that keeps one live job per run (file names: layout).
 
 The run directory is the unit of state. Everything `status`, `resume` or `prune-ckpts` needs is
 in it, so any command works from any login node days later. The lock is derived from the
@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.runstate import layout
 
-HISTORY = "history.jsonl"
-SPEC = "spec.yaml"
 # train: first job; requeue: a restart (note: its cause first); resume: `hpc-grpo resume`; eval: evaluation job;
 # chain: a queued follow-on (cluster.restart=chain). Why a run was not carried on is a "failed" event (EVENTS).
 PURPOSES = ("train", "requeue", "resume", "eval", "chain")
@@ -41,9 +40,6 @@ class RunBusy(SpecError):
 # user must fix (disk full); "skipped" by an eval job queued after training that found the run not trained
 # (hpc_grpo.runstate.trained). None is a job of its own: status shows them under their job.
 EVENTS = ("start", "failed", "skipped")
-CHECKPOINT_LOCK = ".checkpoints.lock"
-SUBMIT_LOCK = ".submit.lock"
-DONE_FILE = "train_done.json"  # written atomically by a training that reached its last step (trl job)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +59,7 @@ def append_history(run_dir: Path, job_id: str, purpose: str, executor: str, note
         raise ValueError(f"purpose {purpose!r} is not one of {PURPOSES + EVENTS}")
     entry = HistoryEntry(str(job_id), purpose, executor, time.strftime("%Y-%m-%dT%H:%M:%S%z"), note, dict(data or {}))
     line = json.dumps(_asdict(entry)) + "\n"
-    fd = os.open(run_dir / HISTORY, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(layout.history_file(run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
     finally:
@@ -79,7 +75,7 @@ def _asdict(entry: HistoryEntry) -> dict[str, Any]:
 
 
 def read_history(run_dir: Path) -> list[HistoryEntry]:
-    path = run_dir / HISTORY
+    path = layout.history_file(run_dir)
     if not path.exists():
         return []
     entries = []
@@ -138,7 +134,7 @@ def submit_lock(run_dir: Path, timeout_s: float = 600.0) -> Iterator[None]:
     """Serialise check-then-submit on one run (two shells racing on login nodes): the same lease lock as the
     checkpoint lock, on its own file, so it holds where flock does not (Lustre without flock, some NFS)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    with lease_lock(run_dir / SUBMIT_LOCK, timeout_s):
+    with lease_lock(layout.submit_lock(run_dir), timeout_s):
         yield
 
 
@@ -228,7 +224,7 @@ def checkpoint_lock(run_dir: Path, timeout_s: float = 600.0) -> Iterator[None]:
     """The run's one lock for checkpoint mutations: resume preparation (quarantine, tracker repair), saves,
     pruning and reader leases hold it, so a prune never removes what a starting job is about to resume from."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    with lease_lock(run_dir / CHECKPOINT_LOCK, timeout_s):
+    with lease_lock(layout.checkpoint_lock(run_dir), timeout_s):
         yield
 
 
@@ -313,7 +309,7 @@ def find_runs(roots: list[Path]) -> list[Path]:
     found: dict[Path, float] = {}
     for root in roots:
         if root.is_dir():
-            for spec in root.glob(f"*/{SPEC}"):
+            for spec in layout.find_specs(root):
                 found[spec.parent.resolve()] = spec.stat().st_mtime
     return sorted(found, key=found.__getitem__, reverse=True)
 

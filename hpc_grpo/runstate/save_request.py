@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.common.atomic import write_text_atomic
+from hpc_grpo.runstate import layout
 
-MARKER = "signal_save.json"
-REQUEST = "save_request"
 ATTEMPT_ENV = "HPC_GRPO_ATTEMPT"
 # Exit status of a training process that stopped after a save on the signal (EX_TEMPFAIL: "try again").
 STOPPED_FOR_REQUEUE = 75
@@ -30,18 +29,18 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def read_marker(run_dir: Path) -> dict[str, Any] | None:
     """The save the training process recorded (step, checkpoint, pid), or None."""
-    return _read_json(run_dir / MARKER)
+    return _read_json(layout.save_marker(run_dir))
 
 
 def write_marker(run_dir: Path, data: dict[str, Any]) -> None:
     """Record the save (atomically: TrainJob polls this file)."""
-    write_text_atomic(run_dir / MARKER, json.dumps(data) + "\n")
+    write_text_atomic(layout.save_marker(run_dir), json.dumps(data) + "\n")
 
 
 def read_request(run_dir: Path) -> dict[str, Any] | None:
-    return _read_json(run_dir / REQUEST)
+    return _read_json(layout.save_request(run_dir))
 
 
 def write_request(run_dir: Path, attempt: str) -> None:
     """Ask the training process of `attempt` to save at its next step end (atomic: it polls the file)."""
-    write_text_atomic(run_dir / REQUEST, json.dumps({"attempt": attempt, "time": time.time()}) + "\n")
+    write_text_atomic(layout.save_request(run_dir), json.dumps({"attempt": attempt, "time": time.time()}) + "\n")

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.runstate import checkpoints as ck
-from hpc_grpo.runstate import runs
+from hpc_grpo.runstate import layout
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.config.steps import total_steps as from_recipe
 
-DONE_FILE = runs.DONE_FILE
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +35,7 @@ class Trained:
 def done_record(run_dir: Path) -> dict[str, Any] | None:
     """train_done.json when it parses (the trainer writes it atomically at the end), else None."""
     try:
-        data = json.loads((Path(run_dir) / DONE_FILE).read_text(encoding="utf-8"))
+        data = json.loads(layout.done_file(run_dir).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -47,7 +46,7 @@ def total_steps(spec: RunSpec, newest: ck.Checkpoint | None) -> tuple[int | None
     else the recipe's train.total_training_steps, else epochs x (rows // batch), verl's rule (drop_last)."""
     recorded = ck.recorded_total_steps(newest) if newest is not None else None
     if recorded:
-        return recorded, "trainer_state.json max_steps"
+        return recorded, f"{ck.TRAINER_STATE} max_steps"
     total, estimated = from_recipe(spec, None)
     return total, ("epochs x rows / batch" if estimated else "train.total_training_steps")
 
@@ -59,19 +58,19 @@ def decide(spec: RunSpec, live_training: dict[str, str] | None = None) -> Traine
     done = done_record(run_dir)
     if done is not None:
         step = done.get("final_step")
-        return Trained(True, f"{DONE_FILE}: step {step}", step if isinstance(step, int) else None)
+        return Trained(True, f"{layout.DONE_FILE}: step {step}", step if isinstance(step, int) else None)
     if live_training:
         jobs = ", ".join(f"{j} ({s})" for j, s in live_training.items())
         return Trained(False, f"training job {jobs} has not ended: its run is not finished yet")
     newest = ck.newest_complete(ck.list_checkpoints(run_dir, spec.recipe.engine))
     if newest is None:
-        return Trained(False, f"no {DONE_FILE} and no complete checkpoint in {ck.checkpoint_dir(run_dir)}")
+        return Trained(False, f"no {layout.DONE_FILE} and no complete checkpoint in {layout.checkpoints_dir(run_dir)}")
     total, source = total_steps(spec, newest)
     if total is None:
-        return Trained(False, f"no {DONE_FILE}, and the run's total steps are unknown ({source}): cannot tell whether "
-                              f"step {newest.step} is the last")
+        return Trained(False, f"no {layout.DONE_FILE}, and the run's total steps are unknown ({source}): cannot tell "
+                              f"whether step {newest.step} is the last")
     if newest.step >= total:
         return Trained(True, f"final checkpoint step {newest.step} written (of {total} steps, {source})", newest.step,
                        by_checkpoint=True)
-    return Trained(False, f"no {DONE_FILE}; the newest complete checkpoint is step {newest.step} of {total} "
+    return Trained(False, f"no {layout.DONE_FILE}; the newest complete checkpoint is step {newest.step} of {total} "
                           f"({source}): training did not finish")

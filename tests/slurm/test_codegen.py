@@ -31,6 +31,7 @@ import pytest
 
 from hpc_grpo.config.resolve import load_frozen
 from hpc_grpo.runstate import runs
+from hpc_grpo.runstate import layout
 from tests.slurm.test_submit import wait_final
 from tests.slurm.test_unprivileged import USER, As, _owners, _sacct_user, as_user
 
@@ -78,7 +79,7 @@ def test_tiny_codegen_trains_and_evaluates_humaneval_as_an_unprivileged_user(use
     assert proc.returncode == 0, proc.stdout + proc.stderr
     said = " ".join(proc.stdout.split())
     assert f"Evaluation: humaneval (first {EVAL_LIMIT} problems) on hf, cpu, 0 GPU(s)" in said, proc.stdout
-    assert load_frozen(run_dir / runs.SPEC).recipe.eval.tasks == ["humaneval"]  # what the eval job reads
+    assert load_frozen(run_dir / layout.SPEC_FILE).recipe.eval.tasks == ["humaneval"]  # what the eval job reads
     history = runs.read_history(run_dir)
     assert [e.purpose for e in history] == ["train", "eval"], history
     train_id, eval_id = history[0].job_id, history[1].job_id

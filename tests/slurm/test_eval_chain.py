@@ -25,6 +25,7 @@ import pytest
 
 from hpc_grpo.runstate import runs
 from hpc_grpo.cluster import slurm
+from hpc_grpo.runstate import layout
 from tests.slurm.test_submit import GSM8K, Env, make_env, wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -114,7 +115,7 @@ def test_a_job_that_fails_after_its_final_save_counts_as_trained(env: Env) -> No
     run_dir = env.runs_root / name
     # The job's last act is writing train_done.json; a folder in its place makes that write fail after the final
     # checkpoint is on disk (the job takes seconds to start: this lands first).
-    (run_dir / runs.DONE_FILE).mkdir()
+    (run_dir / layout.DONE_FILE).mkdir()
     train_id, eval_id = runs.last_job_id(run_dir), runs.last_job_id(run_dir, "eval")
     train = wait_final(train_id, DEADLINE_S)
     assert train.state == "FAILED", (train, eval_log(run_dir, train_id)[-3000:])

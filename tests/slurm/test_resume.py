@@ -18,6 +18,7 @@ import pytest
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import runs
 from hpc_grpo.cluster import slurm
+from hpc_grpo.runstate import layout
 from tests.slurm.test_submit import GSM8K, TRAIN_DEADLINE_S, Env, make_env, wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -180,7 +181,7 @@ def test_disk_full_during_a_save_then_resume(env: Env, small_tmpfs: Path) -> Non
     assert start.data["step"] == good.step
     assert [Path(q["from"]).name for q in start.data["quarantined"]] == [c.path.name for c in torn]
     for q in start.data["quarantined"]:
-        assert Path(q["to"]).parent == run / ck.QUARANTINE_DIR and Path(q["to"]).is_dir()  # kept, not deleted
+        assert Path(q["to"]).parent == run / layout.QUARANTINE_DIR and Path(q["to"]).is_dir()  # kept, not deleted
     assert json.loads((run / "train_done.json").read_text())["final_step"] == DISK_STEPS
     assert metric_steps(run) == list(range(1, DISK_STEPS + 1))
     print(f"\ndisk full at the save after step {good.step} ({[c.path.name for c in torn]} torn); resumed from step "

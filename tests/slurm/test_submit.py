@@ -23,6 +23,7 @@ from hpc_grpo.cluster import slurm
 from hpc_grpo.cluster.slurm_output import JobInfo
 from hpc_grpo.job.ray_probe import leftover_pids
 from hpc_grpo.config.resolve import load_frozen
+from hpc_grpo.runstate import layout
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -153,7 +154,7 @@ def test_slurm_ran_the_rendered_script(tiny_slurm: tuple[Path, str, str]) -> Non
 # ------------------------------------------------------------------------------------------ refused requests
 def _assert_nothing_submitted(env: Env, name: str) -> None:
     assert jobs_named(name) == []
-    assert not (env.runs_root / name / runs.HISTORY).exists()
+    assert not (env.runs_root / name / layout.HISTORY_FILE).exists()
 
 
 @pytest.mark.parametrize("overrides,limit", [

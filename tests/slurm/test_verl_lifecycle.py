@@ -29,7 +29,8 @@ import pytest
 from hpc_grpo.runstate import runs
 from hpc_grpo.cluster import slurm
 from hpc_grpo.runstate import metrics
-from hpc_grpo.runstate.metrics import VERL_LOG
+from hpc_grpo.runstate.layout import VERL_LOG
+from hpc_grpo.runstate import layout
 from tests.slurm.test_submit import GSM8K, REPO, Env, make_env, wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -70,7 +71,7 @@ def head_parquet(src: Path, dst: Path, rows: int = 64) -> Path:
 def file_logger_steps(run_dir: Path, live: bool = False) -> list[int]:
     """Steps of verl's file logger: as the prune poller copied them into RUN/metrics.jsonl, or (live) as verl
     writes them this moment (RUN/verl_metrics.jsonl, which the poller reads every 20 s)."""
-    path = run_dir / (VERL_LOG if live else metrics.METRICS_FILE)
+    path = run_dir / (VERL_LOG if live else layout.METRICS_FILE)
     return [r["step"] for r in metrics.file_rows(path)]
 
 

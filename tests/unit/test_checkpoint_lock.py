@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo.runstate import runs
+from hpc_grpo.runstate import layout
 
 
 def _no_flock(*_args: object) -> None:
@@ -33,7 +34,7 @@ def _writer(run_dir: str, log: str, rounds: int) -> None:
 
 
 def _write_holder(run_dir: Path, host: str, pid: int, expires: float, token: str = "theirs") -> Path:
-    path = run_dir / runs.CHECKPOINT_LOCK
+    path = run_dir / layout.CHECKPOINT_LOCK
     path.write_text(json.dumps({"host": host, "pid": pid, "token": token, "expires": expires}))
     return path
 
@@ -59,7 +60,7 @@ def test_processes_exclude_each_other_without_flock(tmp_path: Path, monkeypatch:
     assert len(lines) == 3 * 4 * 2
     for start, end in zip(lines[::2], lines[1::2]):
         assert start.startswith("start ") and end == "end " + start.split()[1], lines  # never interleaved
-    assert not (tmp_path / runs.CHECKPOINT_LOCK).exists()
+    assert not (tmp_path / layout.CHECKPOINT_LOCK).exists()
     assert not list(tmp_path.glob("*.aside"))
 
 
@@ -71,13 +72,13 @@ def test_gone_holder_is_taken_over(tmp_path: Path, holder: str) -> None:
         _write_holder(tmp_path, "node-elsewhere", 4242, time.time() - 1)
     t0 = time.monotonic()
     with runs.checkpoint_lock(tmp_path, timeout_s=5):
-        rec = json.loads((tmp_path / runs.CHECKPOINT_LOCK).read_text())
+        rec = json.loads((tmp_path / layout.CHECKPOINT_LOCK).read_text())
         assert (rec["host"], rec["pid"]) == (runs._HOST, os.getpid())
     assert time.monotonic() - t0 < 1.0
 
 
 def test_flock_era_file_of_a_gone_holder_is_taken_over(tmp_path: Path) -> None:
-    (tmp_path / runs.CHECKPOINT_LOCK).write_text(f"{runs._HOST} pid {_dead_pid()}\n")
+    (tmp_path / layout.CHECKPOINT_LOCK).write_text(f"{runs._HOST} pid {_dead_pid()}\n")
     with runs.checkpoint_lock(tmp_path, timeout_s=5):
         pass
 
@@ -98,14 +99,14 @@ def test_release_leaves_a_lock_taken_over_by_someone_else(tmp_path: Path) -> Non
         taker = tmp_path / "taker"
         taker.mkdir()
         _write_holder(taker, "node-elsewhere", 7, time.time() + 60, token="taker")  # a takeover: a new file there
-        os.replace(taker / runs.CHECKPOINT_LOCK, tmp_path / runs.CHECKPOINT_LOCK)
-    assert json.loads((tmp_path / runs.CHECKPOINT_LOCK).read_text())["token"] == "taker"
+        os.replace(taker / layout.CHECKPOINT_LOCK, tmp_path / layout.CHECKPOINT_LOCK)
+    assert json.loads((tmp_path / layout.CHECKPOINT_LOCK).read_text())["token"] == "taker"
     assert not list(tmp_path.glob("*.aside"))
 
 
 def test_holder_refreshes_its_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runs, "LEASE_S", 0.4)
-    path = tmp_path / runs.CHECKPOINT_LOCK
+    path = tmp_path / layout.CHECKPOINT_LOCK
     with runs.checkpoint_lock(tmp_path, timeout_s=5):
         first = json.loads(path.read_text())["expires"]
         time.sleep(0.5)  # past the first expiry: only a refresh keeps the lease alive
@@ -120,8 +121,8 @@ def test_submit_lock_holds_without_flock(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(fcntl, "flock", _no_flock)
     run = tmp_path / "run"
     with runs.submit_lock(run):
-        assert (run / runs.SUBMIT_LOCK).is_file()
+        assert (run / layout.SUBMIT_LOCK).is_file()
         with pytest.raises(TimeoutError, match=f"pid {os.getpid()}"):
             with runs.submit_lock(run, timeout_s=0.2):
                 pass
-    assert not (run / runs.SUBMIT_LOCK).exists()
+    assert not (run / layout.SUBMIT_LOCK).exists()

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from hpc_grpo.runstate import checkpoints as ck
+from hpc_grpo.runstate import layout
 from tests import ckpt_trees as trees
 
 
@@ -148,7 +149,7 @@ def test_quarantine_moves_and_never_deletes(tmp_path: Path) -> None:
     keep = trees.tree_snapshot(tmp_path / "checkpoints" / "global_step_1")
     ckpt = ck.list_checkpoints(tmp_path, "verl")[1]
     moved = ck.quarantine(tmp_path, ckpt)
-    assert moved.parent == tmp_path / ck.QUARANTINE_DIR and not bad.exists()
+    assert moved.parent == tmp_path / layout.QUARANTINE_DIR and not bad.exists()
     assert trees.tree_snapshot(moved) == before
     assert trees.tree_snapshot(tmp_path / "checkpoints" / "global_step_1") == keep
     # same step torn again: a second, distinct name

@@ -11,6 +11,10 @@ from hpc_grpo.cluster import sbatch, states
 from hpc_grpo.runstate import restart
 
 
+def logs(folder: Path, task: str = "0") -> tuple[str, str]:
+    return f"{folder}/%j_{task}_log.out", f"{folder}/%j_{task}_log.err"
+
+
 def request(**changes: object) -> sbatch.Request:
     base = dict(job_name="r", nodes=2, gpus_per_node=4, gpu_type="a100", gpu_request="gres", cpus_per_task=16,
                 mem_gb=64, time_min=90, partition="gpu", account=None, qos="high", signal_delay_s=120)
@@ -18,14 +22,14 @@ def request(**changes: object) -> sbatch.Request:
 
 
 def test_options_in_script_order(tmp_path: Path) -> None:
-    opts = sbatch.options(request(), tmp_path, extra=sbatch.follow_on("77"))
+    opts = sbatch.options(request(), logs(tmp_path), extra=sbatch.follow_on("77"))
     keys = [k for k, _ in opts]
     assert keys == ["job-name", "nodes", "ntasks-per-node", "gres", "cpus-per-task", "mem", "time", "partition", "qos",
                     "signal", "dependency", "kill-on-invalid-dep", "output", "error", "open-mode"]
     values = dict(opts)
     assert values["gres"] == "gpu:a100:4" and values["mem"] == "64G" and values["time"] == 90
     assert values["signal"] == "USR2@120" and values["dependency"] == "afternotok:77"
-    assert values["output"] == f"{tmp_path}/%j_0_log.out"
+    assert (values["output"], values["error"]) == logs(tmp_path)
 
 
 @pytest.mark.parametrize(("changes", "expected"), [
@@ -34,11 +38,11 @@ def test_options_in_script_order(tmp_path: Path) -> None:
     ({"gpu_type": None}, ("gres", "gpu:4")),
 ])
 def test_gpus_asked_the_way_the_cluster_wants(tmp_path: Path, changes: dict, expected: tuple) -> None:
-    assert expected in sbatch.options(request(**changes), tmp_path)
+    assert expected in sbatch.options(request(**changes), logs(tmp_path))
 
 
 def test_no_gpus_no_memory_no_gpu_line(tmp_path: Path) -> None:
-    keys = [k for k, _ in sbatch.options(request(gpus_per_node=0, mem_gb=None), tmp_path)]
+    keys = [k for k, _ in sbatch.options(request(gpus_per_node=0, mem_gb=None), logs(tmp_path))]
     assert not {"gres", "gpus-per-node", "mem"} & set(keys)
 
 
@@ -46,7 +50,7 @@ def test_dependencies_and_requeue_mode(tmp_path: Path) -> None:
     assert sbatch.dependency(sbatch.AFTER_ANY, "12") == "afterany:12"
     assert sbatch.requeue_mode(True, chained=False) == {"requeue": True, "no_requeue": False}
     assert sbatch.requeue_mode(True, chained=True) == {"requeue": False, "no_requeue": True}  # ends PREEMPTED
-    assert sbatch.srun_args(tmp_path, "img.sqsh", "/runs/r")[-3:] == [
+    assert sbatch.srun_args(logs(tmp_path, "%t"), "img.sqsh", "/runs/r")[-3:] == [
         "--container-image=img.sqsh", "--container-mounts=/runs/r:/runs/r", "--no-container-mount-home"]
 
 

@@ -19,7 +19,7 @@ from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config import registry
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.launch import render
-from hpc_grpo.runstate import runs
+from hpc_grpo.runstate import layout, runs
 
 
 def test_read_from_a_missing_then_growing_file(tmp_path: Path) -> None:
@@ -105,11 +105,11 @@ def test_job_end_follows_a_real_local_job_and_judges_it_by_the_runs_row(isolated
     from hpc_grpo.launch.submit import Submission
 
     spec = local_run(isolated)
-    executor = submitit.LocalExecutor(folder=render.submitit_dir(spec))
+    executor = submitit.LocalExecutor(folder=layout.submitit_dir(spec.path))
     executor.update_parameters(timeout_min=2)
     job = executor.submit(operator.truediv, 1, 0) if fails else executor.submit(print, "hello from the job")
     runs.append_history(spec.path, job.job_id, "train", "local")
-    log = render.submitit_dir(spec) / f"{job.job_id}_0_log.out"
+    log = layout.job_log(spec.path, job.job_id)
     (spec.path / "eval").mkdir()
     for step in (2, 4):
         (spec.path / "eval" / f"step_{step}.json").write_text(f'{{"step": {step}, "model": "m", "scores": {{}}}}')

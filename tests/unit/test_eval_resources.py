@@ -20,6 +20,7 @@ from hpc_grpo.common.findings import Severity
 from hpc_grpo.planning.plan import run_plan
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.runstate import layout
 from tests.unit.test_golden import PAIRS
 from tests.unit.test_plan import header_matrix
 
@@ -128,13 +129,13 @@ def test_contradictions_are_plan_errors_naming_the_key(recipe: str, overrides: l
 
 def test_render_writes_the_eval_script_beside_the_training_one(isolated: Path) -> None:
     files = render.render_all(spec_of("qwen2.5-3b-gsm8k-lora", "a100-ib", isolated))
-    assert files[evaluate.EVAL_SCRIPT] == render.render_eval_sbatch(spec_of("qwen2.5-3b-gsm8k-lora", "a100-ib", isolated))
-    assert "#SBATCH --job-name=t-eval" in files[evaluate.EVAL_SCRIPT]
-    assert "--name=t " in files[evaluate.EVAL_SCRIPT]  # its re-create command renders the run, not a run "t-eval"
+    assert files[layout.EVAL_SBATCH_SCRIPT] == render.render_eval_sbatch(spec_of("qwen2.5-3b-gsm8k-lora", "a100-ib", isolated))
+    assert "#SBATCH --job-name=t-eval" in files[layout.EVAL_SBATCH_SCRIPT]
+    assert "--name=t " in files[layout.EVAL_SBATCH_SCRIPT]  # its re-create command renders the run, not a run "t-eval"
     # no eval job on cluster=local (training evaluates itself), in chained mode, or with eval disabled
     for cluster, extra in (("local", []), ("a100-ib", ["cluster.restart=chain"]), ("a100-ib", ["eval.enabled=false"])):
         files = render.render_all(spec_of("qwen2.5-3b-gsm8k-lora", cluster, isolated, *extra))
-        assert evaluate.EVAL_SCRIPT not in files, (cluster, extra)
+        assert layout.EVAL_SBATCH_SCRIPT not in files, (cluster, extra)
 
 
 def test_submit_dry_run_shows_the_eval_script(isolated: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:

@@ -19,7 +19,7 @@ from hpc_grpo.config.resolve import load_frozen, load_raw, resolve_spec
 from hpc_grpo.config.spec import Eval, Grpo, Recipe, default_eval_tasks
 from hpc_grpo.evaluation import evaluate
 from hpc_grpo.planning.plan import run_plan
-from hpc_grpo.runstate import runs
+from hpc_grpo.runstate import layout
 
 CODEGEN = ("tiny-codegen", "qwen2.5-7b-codegen")
 CLUSTER = {"tiny-codegen": "slurm-dev", "qwen2.5-7b-codegen": "a100-ib"}
@@ -87,8 +87,8 @@ def test_the_frozen_spec_records_the_list(isolated: Path) -> None:
     from hpc_grpo.launch.render import render_all
 
     spec = spec_of("tiny-codegen", isolated)
-    text = render_all(spec)[runs.SPEC]
-    path = isolated / runs.SPEC
+    text = render_all(spec)[layout.SPEC_FILE]
+    path = isolated / layout.SPEC_FILE
     path.write_text(text)
     assert load_frozen(path).recipe.eval.tasks == ["humaneval"]
     assert "- humaneval" in text

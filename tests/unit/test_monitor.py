@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo.commands import monitor
-from hpc_grpo.launch import render
 from hpc_grpo.runstate import runs
 from hpc_grpo.runstate import metrics
 from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.runstate import layout
 
 
 def trl_spec(tmp: Path, *overrides: str):
@@ -71,7 +71,7 @@ def test_verl_console_lines_are_parsed() -> None:
 
 def test_verl_run_reads_every_driver_log(isolated) -> None:
     spec = resolve_spec("qwen2.5-3b-gsm8k-lora", "a100-ib", [f"cluster.runs_root={isolated}"], run_name="v")
-    render.submitit_dir(spec).mkdir(parents=True)
+    layout.submitit_dir(spec.path).mkdir(parents=True)
     runs.append_history(spec.path, "10", "train", "slurm")
     runs.append_history(spec.path, "11", "resume", "slurm")
     monitor.log_path(spec, "10").write_text(VERL_LOG)

@@ -22,6 +22,7 @@ from hpc_grpo.engines.verl_schema import verl_config_dir
 from hpc_grpo.job import prepare_resume as pr
 from hpc_grpo.launch.render import render_all, write_files
 from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.runstate.layout import QUARANTINE_DIR, state_files
 from tests import ckpt_trees as trees
 
 
@@ -83,7 +84,7 @@ def test_prepared_resume_points_at_newest_complete(tmp_path: Path, layout: str, 
                                   f"trainer.resume_from_path={run / 'checkpoints' / 'global_step_4'}"]
     (old, new, why), = prepared.quarantined
     assert old == str(run / "checkpoints" / "global_step_6") and why
-    assert Path(new).parent == run / ck.QUARANTINE_DIR and trees.tree_snapshot(Path(new)) == broken
+    assert Path(new).parent == run / QUARANTINE_DIR and trees.tree_snapshot(Path(new)) == broken
     # nothing else moved: the complete ones are byte- and time-identical, and nothing else is in checkpoints/
     assert {s: trees.tree_snapshot(run / "checkpoints" / f"global_step_{s}") for s in (2, 4)} == good
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["global_step_2", "global_step_4", ck.TRACKER]
@@ -116,7 +117,7 @@ def test_older_incomplete_ones_stay(tmp_path: Path) -> None:
     prepared = pr.prepare(tmp_path, "verl")
     assert prepared.step == 4 and not prepared.quarantined
     assert prepared.left == [(str(tmp_path / "checkpoints" / "global_step_2"), prepared.left[0][1])]
-    assert (tmp_path / "checkpoints" / "global_step_2").is_dir() and not (tmp_path / ck.QUARANTINE_DIR).exists()
+    assert (tmp_path / "checkpoints" / "global_step_2").is_dir() and not (tmp_path / QUARANTINE_DIR).exists()
 
 
 def test_history_records_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -151,7 +152,7 @@ def test_launch_script_passes_the_prepared_overrides(tmp_path: Path, monkeypatch
     assert opts.resume and opts.spec == spec.path / "spec.yaml"
     assert opts.driver == VerlEngine().command(spec).argv
     monkeypatch.setenv("SLURM_JOB_ID", "99")
-    files = node_plan.state_files(opts.ray_dir, "99", 0)
+    files = state_files(opts.ray_dir, "99", 0)
     resume = pr.prepare_for_job(opts.spec, files.resume_args)
     assert resume is not None
     argv = node_plan.driver_argv(opts.driver, resume, opts.resume)

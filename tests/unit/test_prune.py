@@ -20,6 +20,7 @@ from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.runstate.runs import checkpoint_lock
 from hpc_grpo.config.spec import Checkpoint as CkptCfg
 from hpc_grpo.common.yamlio import SpecError, dump_yaml
+from hpc_grpo.runstate import layout
 from tests.prune_trees import set_mtime, trl_checkpoint, verl_fsdp_checkpoint
 
 OLD = time.time() - 86400
@@ -99,7 +100,7 @@ def test_lease_protects_a_step_and_a_dead_holder_does_not(tmp_path: Path) -> Non
     assert not path.exists()
     # A lease left by a process that died (same host) is stale.
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (run / leases.LEASE_DIR / f"step_2.{os.uname().nodename}.abcd.{int(dead.stdout)}.lease").write_text("{}")
+    (run / layout.LEASES_DIR / f"step_2.{os.uname().nodename}.abcd.{int(dead.stdout)}.lease").write_text("{}")
     assert leases.active_leases(run) == frozenset()
     prune.prune_run(run, "trl", policy)
     assert [s for s, _ in ck.candidates(run, "trl")] == [3]

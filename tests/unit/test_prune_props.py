@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpc_grpo.runstate import checkpoints as ck
-from hpc_grpo.runstate import leases, metrics, prune, retention
-from hpc_grpo.runstate.runs import CHECKPOINT_LOCK
+from hpc_grpo.runstate import layout, metrics, prune, retention
+from hpc_grpo.runstate.layout import CHECKPOINT_LOCK
 from tests.prune_trees import MAKERS, set_mtime, snapshot
 
 NOW = time.time()
@@ -64,10 +64,10 @@ def build(root: Path, t: dict) -> tuple[Path, Path, str]:
     if t["tracker"] is not None:
         (ckpt_dir / ck.TRACKER).write_text(str(t["tracker"]))
     for step in t["leased"]:
-        (run / leases.LEASE_DIR).mkdir(exist_ok=True)
-        (run / leases.LEASE_DIR / f"step_{step}.{os.uname().nodename}.abcd.{os.getpid()}.lease").write_text("{}")
+        (run / layout.LEASES_DIR).mkdir(exist_ok=True)
+        (run / layout.LEASES_DIR / f"step_{step}.{os.uname().nodename}.abcd.{os.getpid()}.lease").write_text("{}")
     if t["metric"]:
-        (run / metrics.METRICS_FILE).write_text("".join(f'{{"step": {s}, "score": {v}}}\n' for s, v in t["metric"].items()))
+        (run / layout.METRICS_FILE).write_text("".join(f'{{"step": {s}, "score": {v}}}\n' for s, v in t["metric"].items()))
     return run, outside, engine
 
 

@@ -19,6 +19,7 @@ from hpc_grpo.commands import status
 from hpc_grpo.launch.render import render_all, write_files
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.commands.resume import apply_overrides, plan_resume
+from hpc_grpo.runstate import layout
 from tests import ckpt_trees as trees
 
 
@@ -35,7 +36,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def untouched(run: Path) -> tuple[str, bool]:
-    return (run / "spec.yaml").read_text(), (run / runs.HISTORY).exists()
+    return (run / "spec.yaml").read_text(), (run / layout.HISTORY_FILE).exists()
 
 
 def test_other_overrides_are_refused_without_force(run: Path) -> None:
@@ -62,7 +63,7 @@ def test_finished_run_has_nothing_to_resume(run: Path) -> None:
     proc = cli("resume", str(run))
     assert proc.returncode == 0, proc.stderr
     assert "nothing to resume" in proc.stdout and "--force" in proc.stdout and "step 24" in proc.stdout
-    assert not (run / runs.HISTORY).exists()
+    assert not (run / layout.HISTORY_FILE).exists()
 
 
 def test_live_job_is_refused(run: Path) -> None:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.evaluation import export
 from hpc_grpo.runstate import runs
 from hpc_grpo.commands import status
@@ -25,6 +24,7 @@ from hpc_grpo.launch.render import render_all, write_files
 from hpc_grpo.config.resolve import load_frozen, resolve_spec
 from hpc_grpo.commands.resume import plan_resume
 from hpc_grpo.planning.world_size import WorldSizeMismatch
+from hpc_grpo.runstate import layout
 from tests import ckpt_trees as trees
 
 FSDP_RECIPE = "qwen2.5-3b-gsm8k-lora"  # verl FSDP, 1 node x 4 GPUs
@@ -74,7 +74,7 @@ def test_resume_onto_more_nodes_is_refused_and_nothing_is_queued_or_written(fsdp
                  f"hpc-grpo submit recipe={FSDP_RECIPE} cluster=a100-ib", f"model.path={export_dir}"):
         assert part in text, (part, text)
     assert trees.tree_snapshot(fsdp_run) == before  # no spec, script, history, lease or checkpoint change
-    assert not (fsdp_run / runs.HISTORY).exists() and not calls.exists(), calls.read_text() if calls.exists() else ""
+    assert not (fsdp_run / layout.HISTORY_FILE).exists() and not calls.exists(), calls.read_text() if calls.exists() else ""
 
 
 def test_the_offered_fixes_are_commands_that_work(fsdp_run: Path) -> None:
@@ -122,7 +122,7 @@ def test_megatron_run_may_change_size(tmp_path: Path) -> None:
     trees.verl_megatron(run, 4, world=8)
     plan = plan_resume(run, ["resources.nodes=2"], force=False)
     assert plan.step == 4 and plan.checkpoint.layout == "verl-megatron" and plan.spec.world_size == 16
-    spec = load_frozen(run / runs.SPEC)
+    spec = load_frozen(run / layout.SPEC_FILE)
     assert pr.prepare(run, "verl", spec.model_copy(update={"recipe": plan.spec.recipe})).step == 4
 
 
@@ -142,13 +142,13 @@ def test_job_preparation_refuses_and_records_the_failure(tmp_path: Path) -> None
     trees.truncate_half(trees.verl_fsdp(run, 6, world=4) / "data.pt")
     before = trees.tree_snapshot(run / "checkpoints")
     args_out = tmp_path / "resume-args"
-    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.job.prepare_resume", "--spec", str(run / runs.SPEC),
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.job.prepare_resume", "--spec", str(run / layout.SPEC_FILE),
                            "--args-out", str(args_out)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "SLURM_JOB_ID": "777"})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "resume preparation failed" in proc.stderr and "saved at world size 4" in proc.stderr
     assert not args_out.exists()  # the launch script stops here (set -e): verl never starts
-    assert trees.tree_snapshot(run / "checkpoints") == before and not (run / ck.QUARANTINE_DIR).exists()
+    assert trees.tree_snapshot(run / "checkpoints") == before and not (run / layout.QUARANTINE_DIR).exists()
     (entry,) = runs.read_history(run)
     assert (entry.job_id, entry.purpose) == ("777", "failed")
     assert entry.data["checkpoint_world_size"] == 4 and entry.data["world_size"] == 8
@@ -157,7 +157,7 @@ def test_job_preparation_refuses_and_records_the_failure(tmp_path: Path) -> None
 
 
 def test_job_preparation_at_the_same_size_resumes(fsdp_run: Path) -> None:
-    prepared = pr.prepare_and_record(fsdp_run, "verl", load_frozen(fsdp_run / runs.SPEC))
+    prepared = pr.prepare_and_record(fsdp_run, "verl", load_frozen(fsdp_run / layout.SPEC_FILE))
     assert prepared.step == 4 and [e.purpose for e in runs.read_history(fsdp_run)] == ["start"]
 
 
@@ -182,13 +182,15 @@ def test_export_command_writes_the_folder_the_refusal_names(fsdp_run: Path, tmp_
     args = log.read_text().split()
     assert args[:8] == ["-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir",
                         str(fsdp_run / "checkpoints" / "global_step_4" / "actor"), "--target_dir"]
-    assert Path(args[8]).parent == fsdp_run / "exports" and Path(args[8]).name.startswith(".step_4.")
+    # the merger writes inside the export's hidden temp folder, beside where the export lands
+    work = Path(args[8]).parent
+    assert work.parent == fsdp_run / "exports" and work.name.startswith(".step_4.") and not work.exists()
     info = export.export_info(folder)
     assert info["step"] == 4 and info["layout"] == "verl-fsdp" and info["source"].endswith("global_step_4")
     assert (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file()
     assert not list((fsdp_run / "leases").glob("*.lease"))  # the reader lease is gone
 
     proc = cli("export", str(fsdp_run), "--step", "2", env={"HPC_GRPO_VERL_PYTHON": str(merger)})
-    assert proc.returncode == 0 and (fsdp_run / "exports" / "step_2" / export.MARKER).is_file(), proc.stderr
+    assert proc.returncode == 0 and (fsdp_run / "exports" / "step_2" / layout.EXPORT_MARKER).is_file(), proc.stderr
     proc = cli("export", str(fsdp_run), "--step", "3")
     assert proc.returncode == 2 and "--step" in proc.stderr and "complete: 2, 4" in proc.stderr, proc.stderr

@@ -18,6 +18,7 @@ from hpc_grpo.commands import status
 from hpc_grpo.job import eval_job
 from hpc_grpo.launch.render import render_all, write_files
 from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.runstate import layout
 from tests import ckpt_trees as trees
 
 
@@ -90,7 +91,7 @@ def test_eval_job_skips_an_untrained_run_at_once_and_says_why(tmp_path: Path, mo
     last = runs.read_history(spec.path)[-1]
     assert (last.purpose, last.job_id, last.executor) == ("skipped", "902", "slurm")
     assert "evaluation skipped" in last.note and "step 2 of 4" in last.note and "training job 901 has ended" in last.note
-    assert not (spec.path / evaluate.EVAL_DIR).exists()  # nothing was exported or scored
+    assert not (spec.path / layout.EVAL_DIR).exists()  # nothing was exported or scored
     st = status.run_status(spec.path)
     assert any("evaluation skipped" in f for f in st.failures) and st.trained is None
 
@@ -115,7 +116,7 @@ def test_status_says_trained_when_the_job_failed_after_its_final_save(tmp_path: 
     assert not runs._pid_alive(job)
     runs.append_history(spec.path, job, "train", "local")
     runs.append_history(spec.path, job, "failed", "local", note="wandb: BrokenPipeError in teardown (exit 1)")
-    folder = render.submitit_dir(spec)
+    folder = layout.submitit_dir(spec.path)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"{job}_0_result.pkl", "wb") as fh:
         pickle.dump(("error", "Traceback: wandb teardown"), fh)

@@ -21,12 +21,12 @@ import pytest
 from tests.conftest import require_gsm8k
 
 from hpc_grpo.runstate import checkpoints as ck
-from hpc_grpo.engines.trl import checkpoint_dir
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.job.prepare_resume import prepare
-from hpc_grpo.job.trl_job import INCOMPLETE_DIR, prompt_lengths, target_steps, trim_metrics
+from hpc_grpo.job.trl_job import prompt_lengths, target_steps, trim_metrics
 from hpc_grpo.common.yamlio import dump_yaml
+from hpc_grpo.runstate import layout
 
 REPO = Path(__file__).resolve().parents[2]
 from tests.conftest import GSM8K_DIR as SHARED_GSM8K  # noqa: E402
@@ -111,7 +111,7 @@ def metrics(spec: RunSpec) -> list[dict]:
 def adapter(spec: RunSpec, step: int) -> dict:
     from safetensors.torch import load_file
 
-    return load_file(checkpoint_dir(spec) / f"checkpoint-{step}" / "adapter_model.safetensors")
+    return load_file(layout.checkpoints_dir(spec.path) / f"checkpoint-{step}" / "adapter_model.safetensors")
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,7 @@ def test_run_writes_checkpoints_metrics_and_done(run_a: RunSpec) -> None:
 
     done = json.loads((run_a.path / "train_done.json").read_text())
     assert done["final_step"] == STEPS and done["resumed_from"] is None
-    assert done["last_checkpoint"] == str(checkpoint_dir(run_a) / f"checkpoint-{STEPS}")
+    assert done["last_checkpoint"] == str(layout.checkpoints_dir(run_a.path) / f"checkpoint-{STEPS}")
     assert done["wall_time_s"] > 0
 
     assert list((run_a.path / "wandb").glob("offline-run-*")), "W&B offline run not inside the run directory"
@@ -152,7 +152,7 @@ def test_run_writes_checkpoints_metrics_and_done(run_a: RunSpec) -> None:
 def test_kill_then_rerun_is_bit_identical(work: dict[str, Path], run_a: RunSpec) -> None:
     env = job_env(work["root"])
     spec = make_run(work, "b")  # the SAME settings as run A (max_steps 8): only the schedule stays identical
-    ckpt_dir = checkpoint_dir(spec)
+    ckpt_dir = layout.checkpoints_dir(spec.path)
 
     t0 = time.monotonic()
     proc = subprocess.Popen(job_argv(spec), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -188,7 +188,7 @@ def test_kill_then_rerun_is_bit_identical(work: dict[str, Path], run_a: RunSpec)
     print(f"\nrun B: killed after checkpoint-{killed_at} at {elapsed_b:.1f} s; rerun to step {STEPS} in {elapsed_rerun:.1f} s")
     assert f"resuming from {ckpt_dir / f'checkpoint-{killed_at}'} (step {killed_at})" in out
     assert f"moved incomplete checkpoint-{killed_at + SAVE_FREQ}" in out
-    assert list((spec.path / INCOMPLETE_DIR).glob(f"checkpoint-{killed_at + SAVE_FREQ}.*"))
+    assert list((spec.path / layout.QUARANTINE_DIR).glob(f"checkpoint-{killed_at + SAVE_FREQ}.*"))
 
     # the final adapter equals run A's bit for bit
     a, b = adapter(run_a, STEPS), adapter(spec, STEPS)
@@ -247,7 +247,7 @@ def test_quarantine_moves_only_incomplete(tmp_path: Path) -> None:
     fake_checkpoint(ckpts, 2)
     fake_checkpoint(ckpts, 4, skip=("optimizer.pt",))
     moved = [Path(new) for _old, new, _why in prepare(tmp_path, "trl").quarantined]
-    assert [p.parent for p in moved] == [tmp_path / INCOMPLETE_DIR] and moved[0].name.startswith("checkpoint-4.")
+    assert [p.parent for p in moved] == [tmp_path / layout.QUARANTINE_DIR] and moved[0].name.startswith("checkpoint-4.")
     assert (moved[0] / "trainer_state.json").is_file()  # moved, not deleted
     assert [c.step for c in ck.list_checkpoints(tmp_path, "trl")] == [2]
 

@@ -16,6 +16,7 @@ from hpc_grpo.job import node_plan, proc_tree, verl_node
 from hpc_grpo.launch.render import render_all
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.runstate import layout
 from tests.launch_script import node_argv
 
 
@@ -93,7 +94,7 @@ def test_driver_argv_and_environment() -> None:
 
 
 def test_state_files() -> None:
-    files = node_plan.state_files("/run/ray", "42", 1)
+    files = layout.state_files("/run/ray", "42", 1)
     assert files.done == Path("/run/ray/42/driver-exited.1") and files.joined == Path("/run/ray/42/joined.1")
     assert files.resume_args == Path("/run/ray/42/resume-args.1")
     assert files.workers(3) == [Path("/run/ray/42/stopped.1.1"), Path("/run/ray/42/stopped.1.2")]
