@@ -52,10 +52,22 @@ class DataCfg(Strict):
     _expand = field_validator("train_files", "val_files")(classmethod(lambda cls, v: expand_path(v)))
 
 
-class _TimeLimited(Strict):
-    """A Slurm time limit in `time` (D-HH:MM:SS, HH:MM:SS, MM:SS or minutes), checked on load."""
+class _SlurmAsk(Strict):
+    """What both jobs (training and evaluation) ask Slurm for besides their shape. `time` is a Slurm time limit
+    (D-HH:MM:SS, HH:MM:SS, MM:SS or minutes), checked on load; each job sets its own default."""
 
-    @field_validator("time", mode="before", check_fields=False)
+    _words = field_validator("partition", "account", "qos")(classmethod(lambda cls, v: slurm_word(v)))
+
+    nodes: int = Field(default=1, gt=0)
+    gpus_per_node: int | None = Field(default=None, ge=0)
+    time: str
+    cpus_per_task: int | None = Field(default=None, gt=0)
+    mem_gb: int | None = Field(default=None, gt=0)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+
+    @field_validator("time", mode="before")
     @classmethod
     def _time(cls, v: Any) -> str:
         parse_time_minutes(v)
@@ -66,24 +78,13 @@ class _TimeLimited(Strict):
         return parse_time_minutes(self.time)  # type: ignore[attr-defined]
 
 
-class Resources(_TimeLimited):
+class Resources(_SlurmAsk):
     """What to ask Slurm for. gpus_per_node defaults to the cluster's."""
 
-    _words = field_validator("partition", "account", "qos")(
-        classmethod(lambda cls, v: slurm_word(v))
-    )
-
-    nodes: int = Field(default=1, gt=0)
-    gpus_per_node: int | None = Field(default=None, ge=0)
     # verl on CPU (engine verl, gpus_per_node 0; hpc_grpo.engines.verl_cpu): training processes per node, each
     # holding one of Ray's stand-in GPUs, as one process per GPU does on a GPU node
     cpu_workers_per_node: int = Field(default=1, gt=0, le=64)
     time: str = "04:00:00"
-    cpus_per_task: int | None = Field(default=None, gt=0)
-    mem_gb: int | None = Field(default=None, gt=0)
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
     # How often a time limit may requeue the run (preemptions and node failures requeue without limit): a run
     # that keeps hitting its limit is stopped instead of queueing forever.
     max_timeout_requeues: int = Field(default=3, ge=0, le=1000)
@@ -233,20 +234,13 @@ class Logging(Strict):
     experiment: str | None = None
 
 
-class EvalResources(_TimeLimited):
+class EvalResources(_SlurmAsk):
     """What the evaluation job asks Slurm for: its own shape (one GPU node for vLLM), not the training job's."""
-
-    _words = field_validator("partition", "account", "qos")(classmethod(lambda cls, v: slurm_word(v)))
 
     nodes: Literal[1] = 1
     gpus_per_node: int | None = Field(default=None, ge=0, description="None: the training job's GPUs per node "
                                       "for vllm, one for hf on a GPU run, none on a CPU run")
     time: str = "01:00:00"
-    cpus_per_task: int | None = Field(default=None, gt=0)
-    mem_gb: int | None = Field(default=None, gt=0)
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
 
 
 EVAL_TASKS = ("gsm8k", "gsm8k_cot", "humaneval")
