@@ -617,14 +617,14 @@ def test_nproc_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     loaded = importlib.util.spec_from_file_location("code_sandbox_under_test", SANDBOX)
     cs = importlib.util.module_from_spec(loaded)
     loaded.loader.exec_module(cs)
-    monkeypatch.setattr(cs, "_tasks_of", lambda uid: 500)
+    monkeypatch.setattr(cs.ns, "_tasks_of", lambda uid: 500)
     job = {"max_procs": 32}
     for release, uid, mode, want in (("6.1.0-13-amd64", 1001, "userns", 33), ("5.14.0", 1001, "userns", 33),
                                      ("5.10.0-28-amd64", 1001, "userns", 532), ("6.1.0", 1001, "limits-only", 532),
                                      ("6.1.0", 0, "limits-only", None), ("4.18.0", 0, "namespaces+uid", 32)):
         monkeypatch.setattr(cs.os, "uname", lambda r=release: os.uname_result(("Linux", "n", r, "#1", "x86_64")))
         monkeypatch.setattr(cs.os, "getuid", lambda u=uid: u)
-        assert cs._nproc_limit(job, mode) == want, (release, uid, mode)
+        assert cs.ns._nproc_limit(job, mode) == want, (release, uid, mode)
 
 
 CHROOT_FALLBACK = r"""
@@ -632,7 +632,7 @@ import importlib.util, json, sys
 loaded = importlib.util.spec_from_file_location("code_sandbox_under_test", sys.argv[1])
 cs = importlib.util.module_from_spec(loaded)
 loaded.loader.exec_module(cs)
-cs.SYS_PIVOT_ROOT = {}  # as on a node booted from initramfs, where pivot_root refuses: the MS_MOVE + chroot path
+cs.ns.SYS_PIVOT_ROOT = {}  # as on a node booted from initramfs, where pivot_root refuses: the MS_MOVE + chroot path
 tests = ["import os\nassert not {'home', 'run', 'boot', 'srv', 'mnt', 'media', 'work'} & set(os.listdir('/'))",
          "import os\nos.chdir('/')\nfor _ in range(20):\n    os.chdir('..')\nassert not os.path.exists(" + repr(sys.argv[2]) + ")",
          "import os\nassert [p for p in os.listdir('/proc') if p.isdigit()] == ['1']"]
