@@ -30,10 +30,6 @@ from hpc_grpo.common.atomic import build_dir_atomic
 from hpc_grpo.runstate import checkpoints as ck  # the checkpoint layouts it reads
 from hpc_grpo.runstate.layout import export_dir, export_marker  # the run directory's names
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
-                   "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json")
-
-
 class ExportError(RuntimeError):
     """A checkpoint that cannot become a HF folder here; the message says what to do."""
 
@@ -113,7 +109,7 @@ def export_checkpoint(run_dir: Path, step: int, path: Path, layout: str, base_mo
 
 def _copy_tokenizer(src: Path, dst: Path) -> bool:
     copied = False
-    for name in TOKENIZER_FILES:
+    for name in ck.TOKENIZER_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
             copied = True

@@ -136,10 +136,6 @@ def load_train_dataset(spec: RunSpec) -> Any:
     return ds
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
-                   "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json")
-
-
 def lengths_key(spec: RunSpec, model_path: str) -> dict[str, Any] | None:
     """What the cached prompt lengths depend on: the train file and the tokenizer's files.
     None (no caching) when the model is a Hub id without a local folder."""
@@ -149,7 +145,7 @@ def lengths_key(spec: RunSpec, model_path: str) -> dict[str, Any] | None:
     train = Path(spec.recipe.data.train_files)
     st = train.stat()
     digest = hashlib.sha256()
-    for name in TOKENIZER_FILES:
+    for name in ck.TOKENIZER_FILES:
         f = folder / name
         if f.is_file():
             digest.update(name.encode() + b"\0" + f.read_bytes() + b"\0")

@@ -51,6 +51,9 @@ TRL_WEIGHTS = ("adapter_model.safetensors", "model.safetensors", "adapter_model.
 TRL_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 TRL_STATE = ("optimizer.pt", "scheduler.pt")
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+# A Hugging Face model folder's tokenizer (export copies them; trl's prompt-length cache keys on them)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
+                   "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json")
 _MAX_SAFETENSORS_HEADER = 100_000_000
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo.cluster import slurm, states
-from hpc_grpo.cluster.slurm_output import JobInfo
+from tests.slurm.jobs import wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -36,17 +36,6 @@ def submit(tmp_path: Path, body: str, *args: str, name: str = "job.sh") -> tuple
     return proc.stdout.strip().split(";")[0], out
 
 
-def wait_final(job_id: str, deadline_s: float = DEADLINE_S) -> JobInfo:
-    end = time.monotonic() + deadline_s
-    while True:
-        info = slurm.job_states([job_id]).get(job_id)
-        if info is not None and not info.live:
-            return info
-        if time.monotonic() > end:
-            pytest.fail(f"job {job_id} not finished after {deadline_s}s: {info}")
-        time.sleep(0.2)
-
-
 def test_available() -> None:
     assert slurm.available()
 
@@ -67,7 +56,7 @@ def test_partition_limits_unknown_partition() -> None:
 def test_sbatch_reaches_completed(tmp_path: Path) -> None:
     t0 = time.monotonic()
     job_id, out = submit(tmp_path, "echo hello")
-    info = wait_final(job_id)
+    info = wait_final(job_id, DEADLINE_S)
     took = time.monotonic() - t0
     print(f"sbatch -> {info.state} in {took:.2f}s")
     assert info.state == "COMPLETED", info
@@ -78,14 +67,14 @@ def test_sbatch_reaches_completed(tmp_path: Path) -> None:
 
 def test_failed_job_exit_code(tmp_path: Path) -> None:
     job_id, _ = submit(tmp_path, "exit 3")
-    info = wait_final(job_id)
+    info = wait_final(job_id, DEADLINE_S)
     assert (info.state, info.exit_code) == ("FAILED", "3:0")
 
 
 def test_two_nodes_layout_and_gpus(tmp_path: Path) -> None:
     body = "srun bash -c 'echo \"$SLURM_PROCID $SLURMD_NODENAME $SLURM_NODELIST $CUDA_VISIBLE_DEVICES\"'"
     job_id, out = submit(tmp_path, body, "-N", "2", "--ntasks-per-node=1", "--gpus-per-node=2")
-    info = wait_final(job_id)
+    info = wait_final(job_id, DEADLINE_S)
     assert info.state == "COMPLETED", (info, out.read_text())
     assert info.nodelist == "node[1-2]"
     lines = sorted(out.read_text().split("\n"))
@@ -108,7 +97,7 @@ def test_batch_script_roundtrip(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
     assert slurm.batch_script(job_id) == text
-    wait_final(job_id)
+    wait_final(job_id, DEADLINE_S)
 
 
 def test_batch_script_unknown_job() -> None:
@@ -120,7 +109,7 @@ def test_cancel_and_unknown_ids(tmp_path: Path) -> None:
     job_id, _ = submit(tmp_path, "sleep 60")
     assert slurm.job_states([job_id])[job_id].live
     slurm.cancel(job_id)
-    info = wait_final(job_id)
+    info = wait_final(job_id, DEADLINE_S)
     assert info.state == "CANCELLED" and not states.is_live(info.state)
     assert slurm.job_states(["99999999"]) == {}
     slurm.cancel(job_id)  # already ended: not an error
@@ -128,7 +117,7 @@ def test_cancel_and_unknown_ids(tmp_path: Path) -> None:
 
 def test_sacct_fallback_for_finished_job(tmp_path: Path) -> None:
     job_id, _ = submit(tmp_path, "exit 0")
-    wait_final(job_id)
+    wait_final(job_id, DEADLINE_S)
     # squeue keeps a finished job for MinJobAge (120 s); ask accounting directly, as job_states does afterwards.
     end = time.monotonic() + DEADLINE_S
     while (info := slurm.sacct_states([job_id]).get(job_id)) is None or info.live:

@@ -32,7 +32,7 @@ import pytest
 from hpc_grpo.config.resolve import load_frozen
 from hpc_grpo.runstate import runs
 from hpc_grpo.runstate import layout
-from tests.slurm.test_submit import wait_final
+from tests.slurm.jobs import wait_final
 from tests.slurm.test_unprivileged import USER, As, _owners, _sacct_user, as_user
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]

@@ -26,7 +26,8 @@ import pytest
 from hpc_grpo.runstate import runs
 from hpc_grpo.cluster import slurm
 from hpc_grpo.runstate import layout
-from tests.slurm.test_submit import GSM8K, Env, make_env, wait_final
+from tests.slurm.jobs import wait_final
+from tests.slurm.test_submit import GSM8K, Env, make_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo.runstate import runs
-from hpc_grpo.cluster import slurm
-from hpc_grpo.cluster.slurm_output import JobInfo
+from tests.slurm.jobs import wait_final
 from hpc_grpo.config.resolve import load_frozen
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -57,18 +56,6 @@ def submit(root: Path, env: dict[str, str], *args: str) -> tuple[Path, str]:
     return run_dir, runs.last_job_id(run_dir)
 
 
-def wait_final(job_id: str) -> JobInfo:
-    end = time.monotonic() + DEADLINE_S
-    while True:
-        info = slurm.job_states([job_id]).get(job_id)
-        if info is not None and not info.live:
-            return info
-        if time.monotonic() > end:
-            slurm.cancel(job_id)
-            pytest.fail(f"job {job_id} not finished after {DEADLINE_S:.0f}s: {info}")
-        time.sleep(0.5)
-
-
 def logs(run_dir: Path, job_id: str) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
                      for p in sorted((run_dir / "submitit").glob(f"{job_id}_*_log.*")))
@@ -83,7 +70,7 @@ def test_ray_probe_runs_on_the_frozen_interpreter(bare_env: tuple[Path, dict[str
     assert spec.python == sys.executable  # no venv/conda/container in slurm-dev: the submitting interpreter
     launch = (run_dir / "scripts" / "launch.sh").read_text()
     assert "python3 " not in launch.replace("python3 -c 'import hpc_grpo'", "")  # every step via "$python"
-    info = wait_final(job_id)
+    info = wait_final(job_id, DEADLINE_S)
     assert info.state == "COMPLETED", (info, logs(run_dir, job_id))
     probe = json.loads(out.read_text())
     assert probe["nodes_alive"] == 2 and probe["gpus_total"] == 8, probe
@@ -100,7 +87,7 @@ def test_trl_job_runs_on_the_frozen_interpreter(bare_env: tuple[Path, dict[str, 
     run_dir, job_id = submit(root, env, "recipe=tiny-gsm8k", "eval.enabled=false", f"data.train_files={data.trl_train}",
                              f"data.val_files={data.trl_test}", f"model.path={root / 'models' / 'tiny-qwen2'}",
                              "train.total_training_steps=2", "checkpoint.save_freq=2")
-    info = wait_final(job_id)
+    info = wait_final(job_id, DEADLINE_S)
     assert info.state == "COMPLETED", (info, logs(run_dir, job_id))
     done = json.loads((run_dir / "train_done.json").read_text())
     assert done, done

@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo.runstate import runs
-from hpc_grpo.cluster import slurm
-from hpc_grpo.cluster.slurm_output import JobInfo
+from tests.slurm.jobs import wait_final
 from hpc_grpo.job.ray_probe import leftover_pids
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -36,18 +35,6 @@ def job_env(home: Path) -> dict[str, str]:
     env.update(HOME=str(home), WANDB_MODE="offline", HF_HUB_OFFLINE="1",
                PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""))
     return env
-
-
-def wait_final(job_id: str, deadline_s: float) -> JobInfo:
-    end = time.monotonic() + deadline_s
-    while True:
-        info = slurm.job_states([job_id]).get(job_id)
-        if info is not None and not info.live:
-            return info
-        if time.monotonic() > end:
-            slurm.cancel(job_id)
-            pytest.fail(f"job {job_id} not finished after {deadline_s:.0f}s: {info}")
-        time.sleep(0.5)
 
 
 def birth_time(path: Path) -> float | None:

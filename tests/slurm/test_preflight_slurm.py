@@ -22,7 +22,8 @@ import pytest
 
 from hpc_grpo.runstate import runs
 from hpc_grpo.cluster import slurm
-from tests.slurm.test_submit import GSM8K, TINY, TRAIN_DEADLINE_S, Env, jobs_named, last_job, make_env, wait_final
+from tests.slurm.test_submit import GSM8K, TINY, TRAIN_DEADLINE_S, Env, jobs_named, last_job, make_env
+from tests.slurm.jobs import wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 

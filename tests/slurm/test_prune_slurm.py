@@ -5,7 +5,6 @@ those saved before each restart included (verl's own limit forgets them: verl #7
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 

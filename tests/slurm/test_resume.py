@@ -8,7 +8,6 @@ Nothing is stood in: real Slurm, real submitit, real trl training on CPU, real c
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -19,7 +18,8 @@ from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import runs
 from hpc_grpo.cluster import slurm
 from hpc_grpo.runstate import layout
-from tests.slurm.test_submit import GSM8K, TRAIN_DEADLINE_S, Env, make_env, wait_final
+from tests.slurm.jobs import wait_final
+from tests.slurm.test_submit import GSM8K, TRAIN_DEADLINE_S, Env, make_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 

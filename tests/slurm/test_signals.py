@@ -29,7 +29,7 @@ from tests.conftest import require_gsm8k
 
 from hpc_grpo.runstate import restart, runs
 from hpc_grpo.cluster import slurm
-from hpc_grpo.cluster.slurm_output import JobInfo
+from tests.slurm.jobs import wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -133,18 +133,6 @@ def metric_rows(run_dir: Path) -> list[dict]:
         except ValueError:
             pass  # a line being written
     return rows
-
-
-def wait_final(job_id: str, deadline_s: float) -> JobInfo:
-    end = time.monotonic() + deadline_s
-    while True:
-        info = slurm.job_states([job_id]).get(job_id)
-        if info is not None and not info.live:
-            return info
-        if time.monotonic() > end:
-            slurm.cancel(job_id)
-            pytest.fail(f"job {job_id} not finished after {deadline_s:.0f}s: {info}")
-        time.sleep(0.5)
 
 
 def log_tail(run_dir: Path, job_id: str) -> str:

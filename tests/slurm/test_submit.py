@@ -20,7 +20,7 @@ import pytest
 from hpc_grpo.launch import render
 from hpc_grpo.runstate import runs
 from hpc_grpo.cluster import slurm
-from hpc_grpo.cluster.slurm_output import JobInfo
+from tests.slurm.jobs import wait_final
 from hpc_grpo.job.ray_probe import leftover_pids
 from hpc_grpo.config.resolve import load_frozen
 from hpc_grpo.runstate import layout
@@ -91,18 +91,6 @@ def submissions(run_dir: Path) -> list[runs.HistoryEntry]:
 def last_job(run_dir: Path) -> str:
     """The newest training job (an evaluation job queued afterok is recorded after it)."""
     return [e for e in submissions(run_dir) if e.purpose != "eval"][-1].job_id
-
-
-def wait_final(job_id: str, deadline_s: float) -> JobInfo:
-    end = time.monotonic() + deadline_s
-    while True:
-        info = slurm.job_states([job_id]).get(job_id)
-        if info is not None and not info.live:
-            return info
-        if time.monotonic() > end:
-            slurm.cancel(job_id)
-            pytest.fail(f"job {job_id} not finished after {deadline_s:.0f}s: {info}")
-        time.sleep(0.5)
 
 
 def jobs_named(name: str) -> list[str]:

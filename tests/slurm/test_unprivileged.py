@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import stat
 import subprocess
@@ -34,11 +33,12 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo.runstate import runs
-from tests.slurm.test_submit import GSM8K, REPO, wait_final
+from tests.slurm.jobs import wait_final
+from tests.slurm.test_submit import GSM8K, REPO
+from tests.unix_user import USER, ensure_user
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
-USER = "hpcgrpo-user"
 ACCOUNT = "root"  # the one account slurm-dev has (tools/slurm-dev/start.sh registers no other)
 DEADLINE_S = 600.0  # train (~30 s) + the eval job (~1 min) on 2 shared cores; room for a busy queue
 LIMIT = 2
@@ -60,18 +60,6 @@ class As:
 
     def cli(self, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return self.run("hpc-grpo", *args, cwd=cwd, timeout=timeout)
-
-
-def _ensure_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(USER)
-    except KeyError:
-        pass
-    proc = subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", "--user-group", USER],
-                          capture_output=True, text=True, timeout=60, check=False)
-    if proc.returncode not in (0, 9):  # 9: the name exists (another session made it meanwhile)
-        pytest.fail(f"useradd {USER} failed ({proc.returncode}): {proc.stderr}", pytrace=False)
-    return pwd.getpwnam(USER)
 
 
 def _ensure_association() -> None:
@@ -140,7 +128,7 @@ def as_user(needs: dict[Path, bool]) -> As:
     if shutil.which("setpriv") is None or shutil.which("useradd") is None:
         pytest.fail("setpriv and useradd are needed (util-linux, passwd)", pytrace=False)
     _check_reachable(needs)
-    pw = _ensure_user()
+    pw = ensure_user()
     _ensure_association()
     assert pw.pw_uid != 0
     home = Path(pw.pw_dir)

@@ -31,7 +31,8 @@ from hpc_grpo.cluster import slurm
 from hpc_grpo.runstate import metrics
 from hpc_grpo.runstate.layout import VERL_LOG
 from hpc_grpo.runstate import layout
-from tests.slurm.test_submit import GSM8K, REPO, Env, make_env, wait_final
+from tests.slurm.jobs import wait_final
+from tests.slurm.test_submit import GSM8K, REPO, Env, make_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 

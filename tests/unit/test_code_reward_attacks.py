@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -32,10 +31,10 @@ import pytest
 
 from hpc_grpo.rewards.code import RewardWeights, compute_score, plan_of, run_sandbox
 from hpc_grpo.rewards.code_tests import plan_for
+from tests.unix_user import USER, ensure_user
 
 ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parents[2]
-USER = "hpcgrpo-user"
 W = RewardWeights(per_test_timeout=5.0, memory_mb=512)  # no row loops: room for the memory scan on a busy machine
 W_KW = {"per_test_timeout": W.per_test_timeout, "memory_mb": W.memory_mb}
 ADD = json.dumps({"entry_point": "add", "tests": [
@@ -440,18 +439,6 @@ def test_weak_tests_are_counted_and_remain_forgeable() -> None:
     assert (honest["passed"], attack["passed"]) == (0, 1)  # read `== 3` from the weak test's source
 
 
-def _ensure_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(USER)
-    except KeyError:
-        pass
-    proc = subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", "--user-group", USER],
-                          capture_output=True, text=True, timeout=60, check=False)
-    if proc.returncode not in (0, 9):  # 9: made meanwhile by another session
-        pytest.fail(f"useradd {USER} failed ({proc.returncode}): {proc.stderr}", pytrace=False)
-    return pwd.getpwnam(USER)
-
-
 def test_table_as_unprivileged_user() -> None:
     """The table above, run by pytest as hpcgrpo-user (nobody trains as root on a cluster). The user must be
     able to read this checkout and the venv (tools/run-tests.sh makes them readable in CI)."""
@@ -459,7 +446,7 @@ def test_table_as_unprivileged_user() -> None:
         reason = f"already unprivileged (uid {os.geteuid()}): the table above ran as this user"
         print(reason)
         pytest.skip(reason)
-    pw = _ensure_user()
+    pw = ensure_user()
     base = Path(tempfile.mkdtemp(prefix="hpc-grpo-attacks-"))  # outside pytest's own folder (root's, 0700)
     os.chown(base, pw.pw_uid, pw.pw_gid)
     env = {"HOME": pw.pw_dir, "USER": USER, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",

@@ -34,29 +34,14 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo.cluster import isolation
+from tests.unix_user import USER, ensure_user
 
 REPO = Path(__file__).resolve().parents[2]
-USER = "hpcgrpo-user"
 ROOT = os.geteuid() == 0
 GT = json.dumps({"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"], "entry_point": "add"})
 
 
 # ------------------------------------------------------------------------------------------------ the user
-def ensure_user() -> pwd.struct_passwd:
-    """USER, made when missing (idempotent: another session may make it meanwhile)."""
-    try:
-        return pwd.getpwnam(USER)
-    except KeyError:
-        pass
-    if shutil.which("useradd") is None:
-        pytest.fail("useradd is missing: the unprivileged half of the isolation test needs it", pytrace=False)
-    proc = subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", "--user-group", USER],
-                          capture_output=True, text=True, timeout=60, check=False)
-    if proc.returncode not in (0, 9):  # 9: the name exists
-        pytest.fail(f"useradd {USER} failed ({proc.returncode}): {proc.stderr}", pytrace=False)
-    return pwd.getpwnam(USER)
-
-
 @dataclass
 class Runner:
     """Runs the driver as root (no prefix) or as USER (setpriv), with a minimal environment of its own."""
