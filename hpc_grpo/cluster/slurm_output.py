@@ -8,6 +8,7 @@ explicit `-o`/`-O` format with `|` between fields and `--noheader` (the formats 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hpc_grpo.cluster.states import is_live, normalize_state
@@ -68,6 +69,18 @@ class Attempt:
     end: str
 
 
+
+def _rows(text: str, fields: int, command: str) -> Iterator[list[str]]:
+    """The '|'-separated fields of each non-empty line of a Slurm command's output, stripped; a line with fewer
+    than `fields` is an output format this code does not know: ValueError naming the command and the line."""
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = [x.strip() for x in line.split("|")]
+        if len(f) < fields:
+            raise ValueError(f"unexpected {command} line: {line!r}")
+        yield f
+
 def parse_gres_gpus(gres: str) -> tuple[int, str | None]:
     """(GPUs per node, GPU type or None) from a gres string such as "gpu:4", "gpu:a100:8(S:0-1),shard:8"."""
     total = 0
@@ -109,13 +122,8 @@ def parse_sinfo(text: str, partition: str | None) -> PartitionLimits:
     partition (the one sinfo marks with "*").
     """
     rows = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        f = line.split("|")
-        if len(f) < 6:
-            raise ValueError(f"unexpected sinfo line: {line!r}")
-        name = f[0].strip()
+    for f in _rows(text, 6, "sinfo"):
+        name = f[0]
         default = name.endswith("*")
         name = name.rstrip("*")
         if (partition is None and default) or name == partition:
@@ -146,12 +154,7 @@ def parse_sinfo(text: str, partition: str | None) -> PartitionLimits:
 def parse_squeue(text: str) -> dict[str, JobInfo]:
     """JobInfo per job from `squeue -h -O 'JobID:|,State:|,TimeUsed:|,exit_code:|,NodeList:|,Reason:|'`."""
     out: dict[str, JobInfo] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        f = [x.strip() for x in line.split("|")]
-        if len(f) < 6:
-            raise ValueError(f"unexpected squeue line: {line!r}")
+    for f in _rows(text, 6, "squeue"):
         jid, state, elapsed, code, nodes, reason = f[:6]
         out[jid] = JobInfo(
             job_id=jid,
@@ -171,13 +174,8 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
     Step rows ("123.batch", "123.0") are skipped should -X be missing; with duplicate ids the last row wins.
     """
     out: dict[str, JobInfo] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        f = line.split("|")
-        if len(f) < 6:
-            raise ValueError(f"unexpected sacct line: {line!r}")
-        jid, state, elapsed, code, nodes, reason = (x.strip() for x in f[:6])
+    for f in _rows(text, 6, "sacct"):
+        jid, state, elapsed, code, nodes, reason = f[:6]
         if "." in jid:
             continue
         out[jid] = JobInfo(
@@ -195,28 +193,18 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
 def parse_attempts(text: str) -> dict[str, list[Attempt]]:
     """Attempts per job, oldest first, from `sacct --parsable2 --noheader -X -D -o JobID,...,Start,End`."""
     out: dict[str, list[Attempt]] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        f = line.split("|")
-        if len(f) < 8:
-            raise ValueError(f"unexpected sacct line: {line!r}")
+    for f in _rows(text, 8, "sacct"):
         (info,) = parse_sacct("|".join(f[:6])).values() or (None,)
         if info is None:
             continue
-        out.setdefault(info.job_id, []).append(Attempt(info, f[6].strip(), f[7].strip()))
+        out.setdefault(info.job_id, []).append(Attempt(info, f[6], f[7]))
     return out
 
 
 def parse_node_shapes(text: str) -> list[NodeShape]:
     """NodeShape per node from `sinfo -N -h -o '%N|%c|%G|%m'` (a node listed twice, in two partitions, once)."""
     out: dict[str, NodeShape] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        f = [x.strip() for x in line.split("|")]
-        if len(f) < 4:
-            raise ValueError(f"unexpected sinfo -N line: {line!r}")
+    for f in _rows(text, 4, "sinfo -N"):
         gpus, gtype = parse_gres_gpus(f[2])
         out.setdefault(f[0], NodeShape(f[0], _leading_int(f[1]), gpus, _leading_int(f[3]), gtype))
     return list(out.values())
