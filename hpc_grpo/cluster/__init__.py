@@ -1,1 +1,3 @@
-"""The cluster itself: every Slurm command and SLURM_* variable (slurm), and what its nodes allow the code sandbox (isolation)."""
+"""The cluster itself: every Slurm command (slurm) and the parsing of their output (slurm_output), job states and
+their causes (states), #SBATCH options and dependencies (sbatch), the job's own SLURM_* environment (job_env),
+and what its nodes allow the code sandbox (isolation)."""

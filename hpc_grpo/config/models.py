@@ -54,11 +54,6 @@ class ParamGroups:
     def active(self) -> int:
         return self.total - self.experts + self.active_experts
 
-    @property
-    def non_expert(self) -> int:
-        """What Megatron shards by TP x PP (everything except the experts)."""
-        return self.total - self.experts
-
 
 def _groups(
     *,

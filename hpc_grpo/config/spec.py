@@ -112,7 +112,7 @@ class CodeReward(Strict):
     no_code_penalty: float = Field(default=0.5, ge=0, description="subtracted when the completion holds no code")
     per_test_timeout: float = Field(default=1.0, gt=0, le=60, description="wall seconds per test; the first overrun ends the completion")
     memory_mb: int = Field(default=1024, ge=64, description="address-space limit of the code under test")
-    # hpc_grpo.cluster.isolation.py: auto runs the code in namespaces (root, or a normal user's user namespaces) and
+    # hpc_grpo/cluster/isolation.py: auto runs the code in namespaces (root, or a normal user's user namespaces) and
     # refuses where the node has none; limits-only is the explicit consent to resource limits only.
     isolation: Literal["auto", "limits-only"] = Field(
         default="auto", description="auto: namespaces, refused where the node has none; limits-only: limits only")

@@ -40,7 +40,6 @@ HF_DATASET = "openai/gsm8k"
 HF_CONFIG = "main"
 PROMPT_SUFFIX = 'Let\'s think step by step and output the final answer after "####".'
 SPLITS = ("train", "test")
-VERL_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
 
 # A ground truth verl's strict scorer can ever match: its regex is -?[0-9.,]+ and commas are removed.
 _SCORABLE_GT = re.compile(r"-?[0-9.]+")

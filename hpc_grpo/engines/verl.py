@@ -46,7 +46,6 @@ CPU_OVERRIDES = {
 # Megatron's activation recompute as verl 0.9.1 reads it (engine/megatron.yaml leaves granularity null = off):
 # every layer keeps only its input and is recomputed in the backward pass.
 RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
-VLLM_DEFAULT_MAX_NUM_SEQS = 256
 
 
 def rollout_engines(spec: RunSpec) -> int:

@@ -18,6 +18,8 @@ from hpc_grpo.engines.memory import WARN_FRACTION, MemoryEstimate, memory_findin
 
 __all__ = ["check_memory", "estimate_memory"]
 
+VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM's own default for max_num_seqs
+
 MIN_SAVING_GIB = 0.5  # advice below this is noise next to the estimate's own error
 
 
@@ -50,7 +52,7 @@ def estimate_memory(
     overhead_gib: float = 2.0,
     log_prob_micro_batch_per_gpu: int | None = None,
     enforce_eager: bool = False,
-    max_num_seqs: int = 256,
+    max_num_seqs: int = VLLM_DEFAULT_MAX_NUM_SEQS,
 ) -> MemoryEstimate:
     """Estimate per-GPU memory of a verl GRPO step (the model: hpc_grpo.engines.verl_memory_model).
 

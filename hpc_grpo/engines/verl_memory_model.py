@@ -57,7 +57,6 @@ from hpc_grpo.config.models import ModelShape, lora_trainable_params, param_grou
 from hpc_grpo.engines.memory import MemoryEstimate
 
 GIB = float(1024**3)
-ADAM_STATES_BYTES = 8  # two moments; FSDP: in the fp32 param dtype, the params are the master
 MEGATRON_OPT_BYTES = 12  # fp32 master + two fp32 moments (distributed optimizer)
 GRAD_BYTES = 4  # fp32 grads (FSDP fp32 params; Megatron grad_reduce_in_fp32)
 LOGIT_BYTES = 6  # log-prob pass: bf16 logits + two same-size tensors for the entropy, per vocabulary entry

@@ -23,7 +23,6 @@ from hpc_grpo.rewards.gsm8k import gsm8k_reward
 # Our task name -> the installed lm-eval YAML it includes, and the name results are reported under.
 TASK_FILES = {"gsm8k": "gsm8k/gsm8k.yaml", "gsm8k_cot": "gsm8k/gsm8k-cot.yaml"}
 LOCAL_PREFIX = "hpc_grpo_"
-FILTERS = ("strict-match", "flexible-extract")
 
 
 def lm_eval_tasks_dir() -> Path:

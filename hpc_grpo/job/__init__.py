@@ -2,6 +2,6 @@
 
 Each module here is an entry point or a helper of one: the trl training job, one node of a verl job
 (verl_node, with its decisions in node_plan; where the node is comes from hpc_grpo.cluster.job_env) and its Ray
-start/join helpers, and the Ray probe driver. Nothing here is imported on the path of render, plan, status or prune,
-except isolation (stdlib: plan and submit say which isolation the code sandbox will have).
+start/join helpers, the Ray probe driver, and the code sandbox's runner (code_sandbox, sandbox_namespaces: run as
+their own `python -I -S` process). Nothing here is imported on the path of render, plan, status or prune.
 """

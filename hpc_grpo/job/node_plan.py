@@ -32,10 +32,6 @@ class Ports:
     base: int
 
     @property
-    def node_manager(self) -> int:
-        return self.base + 1
-
-    @property
     def client_server(self) -> int:
         return self.base + 7
 

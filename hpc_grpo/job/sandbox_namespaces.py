@@ -24,7 +24,7 @@ The job's "isolation" (the recipe's grpo.code.isolation: "auto" or "limits-only"
   of every process the code started (the runner is their child subreaper, so setsid daemons die too), but
   the code runs with the user's own rights: it reads what the user reads and reaches the network.
   With "auto" the runner never falls back to it: where the namespaces cannot be made it reports a
-  sandbox_error (the scorer refuses earlier, from `--probe`: hpc_grpo.cluster.isolation.py).
+  sandbox_error (the scorer refuses earlier, from `--probe`: hpc_grpo/cluster/isolation.py).
 
 The runner calls, in order: prepare (before the fork: mode, pool uid, work folder, the namespaces the child
 is born into), enter (in the child: its root, network, privileges), await_ready (the runner waits for the

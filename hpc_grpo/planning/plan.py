@@ -121,7 +121,7 @@ def nodes_are_this_machine(spec: RunSpec) -> bool:
 
 
 def check_code_isolation(spec: RunSpec) -> tuple[str | None, list[Finding]]:
-    """What the code sandbox will have on the compute nodes (hpc_grpo.cluster.isolation.py) and whether the
+    """What the code sandbox will have on the compute nodes (hpc_grpo/cluster/isolation.py) and whether the
     reward will refuse there. Probed when the nodes are this machine (~20 ms, once per process); on a remote
     cluster the job probes each node at its start and prints the result in its log."""
     if not runs_policy_code(spec):

@@ -2,7 +2,7 @@
 
 A completion is scored by running its code against the problem's tests in the sandbox
 (hpc_grpo/job/code_sandbox.py: its own process, namespaces and limits, killed at the end; without namespaces
-on the node it refuses to run unless grpo.code.isolation=limits-only: hpc_grpo.cluster.isolation.py):
+on the node it refuses to run unless grpo.code.isolation=limits-only: hpc_grpo/cluster/isolation.py):
 
     score = pass_weight * passed/total + style_weight * style      (style counted only if a test passed)
     score = -syntax_penalty * (1 - 0.5 * parsed share)             (the code does not compile)
@@ -80,7 +80,7 @@ class RewardWeights:
     per_test_timeout: float = 1.0
     memory_mb: int = 1024
     max_procs: int = 32
-    isolation: str = "auto"  # grpo.code.isolation: auto | limits-only (hpc_grpo.cluster.isolation.py)
+    isolation: str = "auto"  # grpo.code.isolation: auto | limits-only (hpc_grpo/cluster/isolation.py)
 
 
 @dataclass

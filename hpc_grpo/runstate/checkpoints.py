@@ -36,7 +36,6 @@ from hpc_grpo.runstate.layout import checkpoints_dir, quarantine_dir  # the run 
 
 TRACKER = "latest_checkpointed_iteration.txt"  # verl's tracker, in RUN/checkpoints/
 ENGINES = ("verl", "trl")
-LAYOUTS = ("verl-fsdp", "verl-megatron", "trl", "unknown")
 
 FOLDER_RE = {"verl": re.compile(r"^global_step_(\d+)$"), "trl": re.compile(r"^checkpoint-(\d+)$")}
 FOLDER_FORM = {"verl": "global_step_N", "trl": "checkpoint-N"}  # how messages name them

@@ -16,7 +16,6 @@ from hpc_grpo.commands import catalog, logs, report, watch
 from hpc_grpo.commands.eval import check_code_options
 from hpc_grpo.commands.monitor import Monitor, Progress
 from hpc_grpo.common.yamlio import SpecError
-from hpc_grpo.config import registry
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.launch import render
 from hpc_grpo.runstate import layout, runs
@@ -148,12 +147,15 @@ def test_eval_code_options_accepted() -> None:
     assert check_code_options(None, "m", [4, 1, 4], 4) == [1, 4]
 
 
-def test_catalog_lists_every_recipe_and_cluster() -> None:
+def test_catalog_lists_every_recipe_and_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Against the shipped files themselves (not the registry the catalog is built from)."""
+    monkeypatch.delenv("HPC_GRPO_PATH", raising=False)  # a user's own folders would add their files
+    repo = Path(__file__).resolve().parents[2]
     recipes = catalog.recipe_rows()
-    assert [r["name"] for r in recipes] == registry.list_names("recipes")
+    assert [r["name"] for r in recipes] == sorted(p.stem for p in (repo / "recipes").glob("*.yaml"))
     assert {r["engine"] for r in recipes} <= {"verl", "trl"} and all(Path(r["path"]).is_file() for r in recipes)
     clusters = {r["name"]: r for r in catalog.cluster_rows()}
-    assert list(clusters) == registry.list_names("clusters")
+    assert sorted(clusters) == sorted(p.stem for p in (repo / "clusters").glob("*.yaml"))
     assert clusters["local"]["scheduler"] == "local" and clusters["slurm-dev"]["scheduler"] == "slurm"
 
 

@@ -4,7 +4,6 @@ sandbox agree with HumanEval's own tests), broken solutions (fail), and a real g
 from __future__ import annotations
 
 import json
-import math
 from itertools import combinations
 from pathlib import Path
 

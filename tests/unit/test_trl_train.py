@@ -29,7 +29,6 @@ from hpc_grpo.common.yamlio import dump_yaml
 from hpc_grpo.runstate import layout
 
 REPO = Path(__file__).resolve().parents[2]
-from tests.conftest import GSM8K_DIR as SHARED_GSM8K  # noqa: E402
 STEPS, SAVE_FREQ, KEEP = 8, 2, 2
 KILL_AFTER = 4
 JOB_TIMEOUT_S = 240

@@ -1,6 +1,6 @@
 """One node of a verl job (hpc_grpo.job.verl_node): its decisions (node_plan), where it is (job_env, slurm's
 parsers) and its teardown (proc_tree), without Ray or Slurm. The real runs: tests/slurm/test_multinode.py (2 and 4
-Slurm nodes) and tests/slurm/test_verl_local.py (cluster=local)."""
+Slurm nodes) and tests/local/test_verl_local.py (cluster=local)."""
 
 from __future__ import annotations
 
