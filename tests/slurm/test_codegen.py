@@ -21,7 +21,6 @@ must report the same mode; the random model writes no code, so few do: the job l
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import time
@@ -59,10 +58,7 @@ def _isolation_modes(text: str) -> list[str]:
 
 def test_tiny_codegen_trains_and_evaluates_humaneval_as_an_unprivileged_user(user: As) -> None:
     t0 = time.monotonic()
-    tag = f"{os.getpid():x}{int(time.time()) % 100000:x}"
-    work = user.home / f"codegen-{tag}"
-    proc = user.run("mkdir", "-p", str(work), cwd=user.home)
-    assert proc.returncode == 0, proc.stderr
+    work = user.fresh_dir("codegen")
     me = As(user.uid, user.gid, work, {**user.env, "HOME": str(work)})  # the recipe's ~ is this folder
 
     prep = me.cli("data", "codegen", "--source", "tiny", "--out", str(work / "hpc-grpo-data" / "codegen-tiny"),
@@ -70,7 +66,7 @@ def test_tiny_codegen_trains_and_evaluates_humaneval_as_an_unprivileged_user(use
     assert prep.returncode == 0, prep.stdout + prep.stderr
     assert "12 train, 4 test rows" in prep.stdout
 
-    name = f"codegen-{tag}"
+    name = work.name  # codegen-TAG: the run is named as its folder
     runs_root = work / "runs"
     run_dir = runs_root / name
     proc = me.cli("submit", "recipe=tiny-codegen", "cluster=slurm-dev", f"cluster.runs_root={runs_root}",

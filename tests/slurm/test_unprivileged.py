@@ -61,6 +61,13 @@ class As:
     def cli(self, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return self.run("hpc-grpo", *args, cwd=cwd, timeout=timeout)
 
+    def fresh_dir(self, prefix: str) -> Path:
+        """A new folder in the user's home, made by the user (so the user owns it, as on a cluster)."""
+        work = self.home / f"{prefix}-{os.getpid():x}{int(time.time()) % 100000:x}"
+        proc = self.run("mkdir", "-p", str(work), cwd=self.home)
+        assert proc.returncode == 0, proc.stderr
+        return work
+
 
 def _ensure_association() -> None:
     """Accounting knows the user (slurm-dev enforces no associations, but sacct and a real site expect one)."""
@@ -177,10 +184,7 @@ def _logs(run_dir: Path, job_id: str) -> str:
 
 def test_an_unprivileged_user_trains_evaluates_and_manages_a_run(user: As) -> None:
     t0 = time.monotonic()
-    tag = f"{os.getpid():x}{int(time.time()) % 100000:x}"
-    work = user.home / f"unpriv-{tag}"
-    proc = user.run("mkdir", "-p", str(work), cwd=user.home)
-    assert proc.returncode == 0, proc.stderr
+    work = user.fresh_dir("unpriv")
 
     # The interpreter, the checkout (the code under test) and the CLI, as the user sees them.
     proc = user.run("python", "-c", "import hpc_grpo, os; print(hpc_grpo.__file__, os.getuid())", cwd=work)
@@ -196,7 +200,7 @@ def test_an_unprivileged_user_trains_evaluates_and_manages_a_run(user: As) -> No
     assert trl_train.is_file() and trl_test.is_file(), proc.stdout
     t_prep = time.monotonic() - t0
 
-    name = f"unpriv-{tag}"
+    name = work.name  # unpriv-TAG: the run is named as its folder
     runs_root = work / "runs"
     run_dir = runs_root / name
     proc = user.cli("submit", "recipe=tiny-gsm8k", "cluster=slurm-dev", f"cluster.runs_root={runs_root}",
