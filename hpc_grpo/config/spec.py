@@ -75,7 +75,7 @@ class _SlurmAsk(Strict):
 
     @property
     def time_min(self) -> int:
-        return parse_time_minutes(self.time)  # type: ignore[attr-defined]
+        return parse_time_minutes(self.time)
 
 
 class Resources(_SlurmAsk):

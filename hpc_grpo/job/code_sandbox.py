@@ -73,16 +73,17 @@ def _limits(job: dict, n_tests: int) -> None:
     for res, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_CORE, 0),
                        (resource.RLIMIT_FSIZE, 16 * 1024 * 1024), (resource.RLIMIT_NOFILE, 64)):
         resource.setrlimit(res, (value, value))
-    nproc = job.get("nproc_limit")  # set by ns.prepare (its _nproc_limit); root's path sets it after the uid switch
+    nproc = job.get("nproc_limit")  # set by ns.prepare (its _nproc_limit); root's path is the pool uid by now
     if os.getuid() != 0 and nproc:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
-def _child(job: dict, report_fd: int, nonce: str, uid: int | None, workdir: str) -> None:
-    """Runs in the forked process (PID 1 of the new namespace as root): drop privileges, run tests."""
+def _child(job: dict, report_fd: int, nonce: str, workdir: str) -> None:
+    """Runs in the forked process (PID 1 of its PID namespace outside limits-only), after ns.enter has isolated
+    it and dropped its privileges: stdio on /dev/null, only the report pipe open, the limits, a bare environment,
+    then the tests."""
     try:
-        if uid is None:
-            os.setpgid(0, 0)
+        os.setpgid(0, 0)
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
@@ -91,14 +92,6 @@ def _child(job: dict, report_fd: int, nonce: str, uid: int | None, workdir: str)
         os.chdir(workdir)
         tests = job["tests"]
         _limits(job, len(tests))
-        if uid is not None:
-            import resource
-
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            nproc = int(job.get("max_procs", 32))
-            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         os.environ.clear()
         os.environ.update({"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
     except BaseException as exc:  # never run the code with half the limits on
@@ -252,7 +245,7 @@ def supervise(job: dict) -> dict:
         os.close(read_fd)
         os.close(ready_r)
         ns.enter(libc, mode, uid, ready_w)
-        _child(job, write_fd, nonce, None, workdir)  # _enter made the pool uid the code's already
+        _child(job, write_fd, nonce, workdir)  # ns.enter made the pool uid the code's already
         os._exit(0)  # not reached
     os.close(write_fd)
     os.close(ready_w)

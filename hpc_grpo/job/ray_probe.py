@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from hpc_grpo.cluster import job_env
 from hpc_grpo.common.atomic import write_text_atomic
 from hpc_grpo.runstate import layout
 
@@ -28,6 +29,7 @@ def probe() -> dict:
     try:
         alive = [n for n in ray.nodes() if n.get("Alive")]
         resources = ray.cluster_resources()
+        job_id, executor = job_env.job_identity()
         return {
             "address": os.environ.get("RAY_ADDRESS", ""),
             "nodes_alive": len(alive),
@@ -35,7 +37,7 @@ def probe() -> dict:
             "cpus_total": int(resources.get("CPU", 0)),
             "nodes": [{"NodeManagerAddress": n.get("NodeManagerAddress"), "NodeManagerPort": n.get("NodeManagerPort"),
                        "GPU": int(n.get("Resources", {}).get("GPU", 0))} for n in alive],
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+            "slurm_job_id": job_id if executor == "slurm" else "",
             "init_s": round(time.time() - t0, 3),
             "time": time.time(),
         }

@@ -366,7 +366,7 @@ def _nproc_limit(job: dict, mode: str) -> int | None:
 def kill(pid: int, mode: str) -> None:
     """SIGKILL the code. In the namespace modes it is PID 1 of its own PID namespace: the kernel then kills
     every process it ever started, and its exit (what waitpid sees) waits for all of them. limits-only:
-    its process group now, then _sweep for whatever left the group (setsid)."""
+    its process group now, then sweep for whatever left the group (setsid)."""
     targets = [(os.kill, pid)] if mode != "limits-only" else [(os.killpg, pid), (os.kill, pid)]
     for kill, target in targets:
         try:
