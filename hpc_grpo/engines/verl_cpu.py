@@ -10,6 +10,8 @@ What it does, using verl 0.9.1's extension points only (no installed file is cha
   the per-process resource (each training process holds one "GPU" bundle, as on a GPU node);
 - makes `torch.distributed.init_process_group` accept verl's "cpu:gloo,cpu:gloo" (verl builds `cpu:gloo,<dev>:<be>`,
   which on a cpu device names the cpu twice);
+- replaces FSDP2's pinned CPU offload policy with an unpinned one (verl's reference model asks for pinning, which
+  needs an accelerator: without this no full-weight run with a KL loss starts on CPU);
 - registers the HF-sampling rollout server (`actor_rollout_ref.rollout.name=hf`, hpc_grpo.engines.verl_hf_rollout)
   in verl's two rollout registries.
 
@@ -188,6 +190,27 @@ def _patch_init_process_group() -> None:
     dist.init_process_group = init_process_group
 
 
+def _unpin_cpu_offload() -> None:
+    """verl gives its reference model FSDP2's `CPUOffloadPolicy(pin_memory=True)` (transformer_impl.py, forward-only
+    engines). Pinned memory needs an accelerator ("Cannot access accelerator device when none is available"), so a
+    full-weight run with a KL loss died at init on CPU. Here the parameters already live in host memory: the policy
+    keeps its meaning (host-resident shards) without the pinning. verl's fsdp_utils imports the class from torch
+    after this plugin runs, so replacing it on torch's module reaches verl."""
+    import torch.distributed.fsdp as fsdp
+
+    base = fsdp.CPUOffloadPolicy
+    if getattr(base, "_hpc_grpo", False):
+        return
+
+    class UnpinnedCPUOffloadPolicy(base):  # type: ignore[misc, valid-type]
+        _hpc_grpo = True
+
+        def __init__(self, pin_memory: bool = False) -> None:
+            super().__init__(pin_memory=False)
+
+    fsdp.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy  # type: ignore[misc]
+
+
 def _register_rollout() -> None:
     from verl.workers.rollout import base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
@@ -212,6 +235,7 @@ def install() -> None:
         os.environ.setdefault(key, value)
     _register_platform()
     _patch_init_process_group()
+    _unpin_cpu_offload()
     _register_rollout()
 
 
