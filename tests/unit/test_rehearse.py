@@ -198,3 +198,30 @@ def test_sample_rows_keeps_columns_and_types(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as exc:
         R.sample_rows(tmp_path / "missing.parquet", tmp_path / "x.parquet", 4, "data.val_files")
     assert exc.value.key == "data.val_files"
+
+
+def test_shrink_keeps_verls_vllm_rollout_where_the_job_can_run_vllm_cpu(tmp_path: Path) -> None:
+    import dataclasses
+
+    spec = spec_of(tmp_path)
+    with_vllm = R.shrink(spec, dataclasses.replace(INPUTS, vllm=True))
+    assert "rollout.name" not in {c.key for c in with_vllm.replaced}  # the recipe's vllm is what runs
+    assert 'rollout.name="vllm"' in with_vllm.overrides
+    assert with_vllm.rollout.startswith("rollout.name=vllm: verl's own vLLM rollout")
+    without = R.shrink(spec, INPUTS)
+    assert 'rollout.name="hf"' in without.overrides
+    assert "stands in for vLLM" in without.rollout and "setup-env.sh verl" in without.rollout
+
+
+def test_has_vllm_asks_the_jobs_interpreter(tmp_path: Path) -> None:
+    import sys
+
+    # this test's interpreter (the dev venv) has no vLLM; a python that finds a `vllm` package does
+    assert R.has_vllm(sys.executable) is False
+    fake = tmp_path / "site" / "vllm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'site'} exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    assert R.has_vllm(str(wrapper)) is True

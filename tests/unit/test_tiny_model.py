@@ -44,7 +44,8 @@ def test_files_and_config(model_dir: Path) -> None:
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} <= names
     cfg = json.loads((model_dir / "config.json").read_text())
     assert cfg["model_type"] == "qwen2"
-    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (64, 2, 4, 2)
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (64, 2, 2, 1)
+    assert cfg["hidden_size"] // cfg["num_attention_heads"] >= 32  # vLLM's CPU attention has no head size 16
     assert cfg["tie_word_embeddings"] is True
     assert cfg["max_position_embeddings"] == 512
     assert 512 <= cfg["vocab_size"] <= 1000
@@ -143,3 +144,19 @@ def test_ensure_refuses_foreign_folder(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         ensure_tiny_model(target)
     assert (target / "notes.txt").read_text() == "mine"
+
+
+def test_an_older_tiny_model_is_refused_with_the_fix(tmp_path) -> None:
+    """A model built by an older hpc-grpo (head size 16) would fail inside vLLM minutes into a job: say so now."""
+    import json
+
+    import pytest
+
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
+
+    old = tmp_path / "tiny"
+    old.mkdir()
+    (old / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4}))
+    with pytest.raises(FileExistsError, match=r"head size 16.*rm -r .*hpc-grpo model tiny"):
+        ensure_tiny_model(old)
+    assert (old / "config.json").is_file()  # the user's folder: never deleted

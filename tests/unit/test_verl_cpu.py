@@ -54,7 +54,8 @@ def test_a_verl_recipe_without_gpus_runs_in_cpu_mode(isolated) -> None:
 
 
 @pytest.mark.parametrize("recipe, overrides, key", [
-    ("tiny-verl", ["rollout.name=vllm"], "rollout.name"),
+    ("tiny-verl", ["rollout.name=sglang"], "rollout.name"),
+    ("tiny-verl", ["rollout.name=vllm", "parallel.rollout_tp=2"], "parallel.rollout_tp"),
     ("tiny-verl", ["backend=megatron"], "backend"),
     ("qwen2.5-3b-gsm8k-lora", ["rollout.name=hf"], "rollout.name"),
 ])
@@ -91,3 +92,24 @@ def test_verl_sees_the_cpu_platform_and_the_hf_rollout(tmp_path: Path) -> None:
     assert got["matches_trained"] < 0.05, got  # ...to the trained model's (bf16 transfer)
     assert got["global_steps"] == 3
     assert "adapter weights got none" in got["bad_names"] or "match no adapter weight" in got["bad_names"], got
+
+
+def test_vllm_on_cpu_gets_its_overrides_and_environment(isolated) -> None:
+    """vLLM's CPU build in verl's CPU mode: no sleep mode, nothing freed, eager, a 64 MB weight bucket, and the
+    environment that turns hpc-grpo's vLLM plugin on; the plan says which sampler runs. A GPU recipe gets none."""
+    from hpc_grpo.engines import vllm_cpu
+    from hpc_grpo.engines.verl import node_env
+
+    spec = resolve_spec("tiny-verl", "slurm-dev", ["rollout.name=vllm"], run_name="t")
+    ov = {o.key: (o.value, o.source) for o in modelled_overrides(spec)}
+    for key, value in vllm_cpu.OVERRIDES.items():
+        assert ov[key][0] == value and "vLLM's CPU build" in ov[key][1], key
+    assert ov["actor_rollout_ref.rollout.enforce_eager"][0] is True
+    assert node_env(spec) == verl_cpu.ENV | vllm_cpu.ENV and node_env(spec)[vllm_cpu.ENABLE] == "1"
+    said = " ".join(f.message for f in check_verl_cpu(spec))
+    assert "vLLM's CPU build" in said
+    hf = resolve_spec("tiny-verl", "slurm-dev", ["rollout.name=hf"], run_name="t")
+    assert vllm_cpu.ENABLE not in node_env(hf) and "+actor_rollout_ref.rollout.enable_sleep_mode" not in {
+        o.key for o in modelled_overrides(hf)}
+    gpu = resolve_spec("qwen2.5-3b-gsm8k-lora", "a100-ib", [], run_name="t")
+    assert node_env(gpu) == {} and not any(k in vllm_cpu.OVERRIDES for k in (o.key for o in modelled_overrides(gpu)))
