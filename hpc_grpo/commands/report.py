@@ -33,6 +33,10 @@ class Report:
                 first, last = pts[0][1], pts[-1][1]
                 lines.append(f"  {name}: {first:.4g} at step {pts[0][0]} -> {last:.4g} at step {pts[-1][0]} "
                              f"({len(pts)} steps)")
+        trend = engine_metrics.reward_trend([{"step": st, "reward": v} for st, v in self.steps.get("reward", [])])
+        if trend is not None:
+            lines.append(f"  reward, mean of the first {trend.k} steps -> the last {trend.k}: {trend.first:.4g} -> "
+                         f"{trend.last:.4g} ({trend.gain:+.4g})")
         for r in self.evals:
             for task, s in r["scores"].items():
                 base = (r.get("base") or {}).get("scores", {}).get(task)

@@ -202,3 +202,28 @@ def logged_metrics(run_dir: Path, engine: str) -> dict[int, dict[str, float]]:
         flat.pop("eval/step", None)
         out.setdefault(step, {}).update(flat)
     return out
+
+
+# ------------------------------------------------------------------------------------------ learning, in one number
+@dataclass(frozen=True)
+class Trend:
+    """The mean reward over a run's first `k` logged steps and over its last `k`."""
+
+    k: int
+    first: float
+    last: float
+
+    @property
+    def gain(self) -> float:
+        return self.last - self.first
+
+
+def reward_trend(rows: list[dict[str, Any]], k: int | None = None) -> Trend | None:
+    """Window means, not single steps: one step's reward is the mean of a few groups of samples and jumps by a
+    whole correct answer's worth, so learning shows in the mean of a quarter of the run (k) against another.
+    None when fewer than 2k steps logged a reward."""
+    rewards = [r["reward"] for r in sorted(rows, key=lambda r: r.get("step", 0)) if r.get("reward") is not None]
+    k = k or max(1, len(rewards) // 4)
+    if len(rewards) < 2 * k:
+        return None
+    return Trend(k, sum(rewards[:k]) / k, sum(rewards[-k:]) / k)
