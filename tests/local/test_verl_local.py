@@ -83,3 +83,64 @@ def test_tiny_verl_trains_on_cluster_local_despite_a_stray_ray_token(tmp_path: P
     # One authentication mode for every Ray of the job, and the stray token neither used against it nor removed.
     assert not re.search(r"InvalidAuthToken|[Aa]uthentication token|Token authentication is enabled", logs)
     assert token.read_text() == STRAY_TOKEN
+
+
+def test_a_dead_vllm_engine_ends_the_job_and_resume_goes_on(tmp_path: Path) -> None:
+    """verl waits forever on a dead vLLM engine. Killing vLLM's engine-core process mid-run (as the OOM killer
+    would) must end the job with vLLM's own words in its log, well before any time limit, and `hpc-grpo resume`
+    must then finish the run from the newest checkpoint."""
+    import signal
+    import time
+
+    from hpc_grpo.data.gsm8k import prepare_gsm8k
+    from hpc_grpo.data.tiny_model import ensure_tiny_model
+    from hpc_grpo.job import proc_tree
+    from hpc_grpo.runstate import metrics, runs
+
+    venv = _venv()
+    model = ensure_tiny_model(tmp_path / "models" / "tiny-qwen2")
+    data = prepare_gsm8k(GSM8K, tmp_path / "data")
+    env = {k: v for k, v in os.environ.items() if k not in {"WANDB_API_KEY", "HF_TOKEN", "RAY_ADDRESS", "VIRTUAL_ENV"}}
+    env.update(HOME=str(tmp_path / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    runs_root = tmp_path / "runs"
+    cli = [sys.executable, "-m", "hpc_grpo.cli.app"]
+    steps = 4
+    submit = [*cli, "submit", "recipe=tiny-verl", "cluster=local", "rollout.name=vllm", f"cluster.setup.venv={venv}",
+              f"cluster.runs_root={runs_root}", f"model.path={model}", f"data.train_files={data.verl_train}",
+              f"data.val_files={data.verl_test}", f"train.total_training_steps={steps}", "eval.enabled=false",
+              "--name", "dead", "--no-wait"]
+    proc = subprocess.run(submit, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = runs_root / "dead"
+    job = int(runs.read_history(run)[0].job_id)  # the local executor's job id is the job's PID
+
+    deadline = time.monotonic() + 900
+    while not [s for s in (metrics.file_rows(run / "verl_metrics.jsonl") if (run / "verl_metrics.jsonl").exists()
+                           else []) if s["step"] >= 2]:
+        assert time.monotonic() < deadline and proc_tree.identity(job) is not None, _logs(run)[-5000:]
+        time.sleep(1)
+    engine = [pid for pid in proc_tree.descendants(job, proc_tree.process_table())
+              if "EngineCore" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+              or "EngineCore" in Path(f"/proc/{pid}/comm").read_text()]
+    assert engine, "no vLLM engine-core process under the job"
+    killed = time.monotonic()
+    for pid in engine:
+        os.kill(pid, signal.SIGKILL)
+    while proc_tree.identity(job) is not None:  # the job ends by itself
+        assert time.monotonic() - killed < 240, "the job still runs 4 minutes after vLLM's engine died"
+        time.sleep(1)
+    logs = _logs(run)
+    assert "rollout engine failure" in logs and "driver stopped after the rollout engine failure" in logs, logs[-5000:]
+    assert "engine core exited unexpectedly" in logs or "EngineDeadError" in logs, logs[-5000:]
+    done = max(int(p.name.split("_")[-1]) for p in (run / "checkpoints").glob("global_step_*"))
+    assert 2 <= done < steps
+
+    proc = subprocess.run([*cli, "resume", "dead", f"cluster.runs_root={runs_root}", "--wait"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=1200, check=False)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:], _logs(run)[-5000:])
+    assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == str(steps)
+    assert [r["step"] for r in metrics.file_rows(run / "metrics.jsonl")] == list(range(1, steps + 1))
+
+
+def _logs(run: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted((run / "submitit").glob("*_log.*")))

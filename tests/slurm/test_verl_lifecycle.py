@@ -2,9 +2,9 @@
 
 `tiny-verl` (FSDP2 + LoRA on gloo, the tiny model, GSM8K) is submitted on 2 nodes exactly as a user submits a GPU
 recipe: the same verl launch script, Ray bootstrap, resume preparation, prune poller and eval chain, on `.venv-verl`
-through the cluster profile's `setup.venv`. The only stand-in is the sampler: hpc-grpo's HF rollout server replaces
-vLLM, behind verl's own rollout interfaces (hpc_grpo.engines.verl_hf_rollout). Then, asserted on each step's
-artefacts, not on exit codes:
+through the cluster profile's `setup.venv`. Sampling is verl's own vLLM rollout on vLLM's CPU build, one engine
+per node, with the adapter pushed into vLLM after every update (hpc_grpo.engines.vllm_cpu). Then, asserted on each
+step's artefacts, not on exit codes:
 
 1. verl logs steps (its file logger, collected by the prune poller into RUN/metrics.jsonl);
 2. a job in the `high` partition preempts it; submitit's handler records the requeue with its cause;
@@ -14,7 +14,9 @@ artefacts, not on exit codes:
 5. the eval job (afterany) exports the final checkpoint with verl's own merger and scores it with lm-eval, beside the
    base model;
 6. `status` shows the progress, `report` draws reward, KL and response length from verl's file logger;
-7. W&B (offline) holds one run id across the requeue.
+7. W&B (offline) holds one run id across the requeue;
+8. GRPO learned across the preemption: the mean reward of the last quarter of the steps beats the first quarter's
+   (tests/local/test_learning.py's margin), and vLLM's token probabilities stayed with the trainer's.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ from tests.slurm.test_submit import GSM8K, REPO, Env, make_env
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 VENV = REPO / ".venv-verl"
-STEPS = 10
-PREEMPT_AFTER = 2  # steps logged before the preemption (the rest leaves Slurm time to preempt a running job)
-DEADLINE_S = 900.0  # two verl start-ups (~60-90 s each on 2 shared cores), 5 steps, merger + two lm-eval runs
+STEPS = 16  # tiny-verl's own: enough for the learning curve (tests/local/test_learning.py)
+PREEMPT_AFTER = 3  # steps logged before the preemption (the rest leaves Slurm time to preempt a running job)
+DEADLINE_S = 1500.0  # two verl + vLLM start-ups (~90-120 s each on 2 shared cores), 16 steps, merger + two lm-eval runs
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +166,19 @@ def test_verl_lifecycle_preempted_resumed_pruned_evaluated(env: Env) -> None:
     assert len(wandb_runs) >= 2, wandb_runs  # one folder per attempt
     want = runs.wandb_run_id(run_dir)
     assert all(p.name.endswith(f"-{want}") for p in wandb_runs), (wandb_runs, want)
+    # 8. learning, across the requeue; vLLM sampled (its server's lines) on the trainer's current weights
+    from tests.local.test_learning import MARGIN
+
+    trend = metrics.reward_trend(metrics.run_metrics(run_dir).rows)
+    assert trend is not None and trend.gain > MARGIN, (trend, [r.get("reward") for r in metrics.run_metrics(run_dir).rows])
+    assert "(vLLMHttpServer pid=" in log, log[-3000:]
+    from hpc_grpo.runstate.metrics import logged_metrics
+
+    diffs = [m["training/rollout_probs_diff_mean"] for m in logged_metrics(run_dir, "verl").values()
+             if "training/rollout_probs_diff_mean" in m]
+    assert len(diffs) == STEPS and max(diffs) < 0.01, diffs
     print(f"\nverl lifecycle: preempted after step {before}, resumed from {resumed_from}, "
+          f"reward {trend.first:.3f} -> {trend.last:.3f} (first/last {trend.k} steps), "
           f"{time.monotonic() - started:.0f} s to the eval result")
 
 

@@ -65,7 +65,7 @@ def test_grpo_kwargs_from_tiny_recipe(tmp_path: Path) -> None:
         "run_name": "t",
         "num_generations": 4,
         "max_completion_length": 32,
-        "learning_rate": 1e-3,
+        "learning_rate": 2e-2,
         "beta": 0.001,
         "temperature": 1.0,
         "per_device_train_batch_size": 8,  # batch.micro_per_gpu (completions)

@@ -133,7 +133,7 @@ def test_run_writes_checkpoints_metrics_and_done(run_a: RunSpec) -> None:
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for r in rows:
         assert isinstance(r["reward"], float) and 0.0 <= r["reward"] <= 1.0
-        assert isinstance(r["loss"], float) and isinstance(r["kl"], float) and r["lr"] == pytest.approx(1e-3)
+        assert isinstance(r["loss"], float) and isinstance(r["kl"], float) and r["lr"] == pytest.approx(2e-2)
 
     done = json.loads((run_a.path / "train_done.json").read_text())
     assert done["final_step"] == STEPS and done["resumed_from"] is None

@@ -40,14 +40,16 @@ def test_a_verl_recipe_without_gpus_runs_in_cpu_mode(isolated) -> None:
     assert spec.verl_cpu and spec.gpus_per_node == 0 and spec.procs_per_node == 2 and spec.world_size == 4
     ov = {o.key: o.value for o in modelled_overrides(spec)}
     assert ov["trainer.device"] == "cpu" and ov["trainer.n_gpus_per_node"] == 2 and ov["trainer.nnodes"] == 2
-    assert ov["actor_rollout_ref.actor.strategy"] == "fsdp2" and ov["actor_rollout_ref.rollout.name"] == "hf"
+    assert ov["actor_rollout_ref.actor.strategy"] == "fsdp2" and ov["actor_rollout_ref.rollout.name"] == "vllm"
     assert ov["actor_rollout_ref.model.use_remove_padding"] is False
     assert ov["reward.custom_reward_function.path"] == "pkg://hpc_grpo.rewards.gsm8k"
     assert ov["+reward.custom_reward_function.reward_kwargs.method"] == "flexible"
     from hpc_grpo.launch.render import launch_context
 
     ctx = launch_context(spec)
-    assert ctx["node_env"] == verl_cpu.ENV and ctx["gpus_per_node"] == 2  # Ray's stand-in GPUs per node
+    from hpc_grpo.engines import vllm_cpu
+
+    assert ctx["node_env"] == verl_cpu.ENV | vllm_cpu.ENV and ctx["gpus_per_node"] == 2  # Ray's stand-in GPUs per node
     gpu = resolve_spec("qwen2.5-3b-gsm8k-lora", "a100-ib", [], run_name="t")
     assert not gpu.verl_cpu and "trainer.device" not in {o.key for o in modelled_overrides(gpu)}
     assert launch_context(gpu)["node_env"] == {}
