@@ -90,7 +90,7 @@ def describe_failure(result: Probe) -> str:
         return f"could not be asked: {result.error}"
     parts = []
     for module, (missing, line) in result.failed.items():
-        why = f"module {missing!r} is missing" if missing and missing != module else line
+        why = f"module {missing!r} is missing" if missing else line
         parts.append(f"{module} ({why})")
     return "cannot import " + "; ".join(parts)
 
@@ -106,13 +106,15 @@ def fix_for(spec: RunSpec, needs: JobImports) -> str:
     return fix
 
 
-def check_interpreter(spec: RunSpec, make: Make) -> list[Finding]:
-    """Import what the engine's job imports in the job's interpreter; refuse (make) what would die at its start."""
+def check_interpreter(spec: RunSpec, make: Make, refused: bool = False) -> list[Finding]:
+    """Import what the engine's job imports in the job's interpreter; refuse (make) what would die at its start.
+    `refused`: other checks already refuse the job, so the slow first probe waits until they are fixed."""
     needs = get_engine(spec.recipe.engine).job_imports(spec)
     if not needs.modules:
         return []
     key, python = setup_key(spec.cluster.setup), spec.python
-    why = not_here(spec)
+    why = not_here(spec) or ("the errors above refuse the job first; it is checked once they are fixed"
+                             if refused else None)
     if why:
         return [info(key, f"the job's interpreter was not checked: {why}; the job imports "
                      f"{', '.join(needs.modules)} at its start")]

@@ -25,7 +25,7 @@ import pwd
 from collections.abc import Callable
 from pathlib import Path
 
-from hpc_grpo.common.findings import READ_FIX, Finding, Severity, cannot_read, error, info, warning
+from hpc_grpo.common.findings import READ_FIX, Finding, Severity, cannot_read, error, has_errors, info, warning
 from hpc_grpo.config.models import ModelShape
 from hpc_grpo.planning.disk import check_disk
 from hpc_grpo.planning.interpreter import check_interpreter
@@ -50,7 +50,7 @@ def run_preflight(spec: RunSpec, shape: ModelShape | None, findings: list[Findin
         out += check_model(spec, make)
         out += check_data(spec, make)
     out += check_runs_root(spec, shape, make)
-    out += check_interpreter(spec, make)
+    out += check_interpreter(spec, make, refused=has_errors(out))
     if spec.cluster.scheduler == "slurm":
         refused = {f.key for f in findings if f.severity is Severity.ERROR}  # the profile already refuses these
         out += [f for f in check_slurm(spec, make, for_submit) if f.key not in refused]
