@@ -56,4 +56,7 @@ def resolve(args: list[str] | None, name: str | None) -> Any:
     from hpc_grpo.planning.interpreter import choose_interpreter
 
     recipe, cluster, overrides = parse_args(args)
-    return choose_interpreter(resolve_spec(recipe, pick_cluster(cluster), overrides, run_name=name))
+    spec, why = choose_interpreter(resolve_spec(recipe, pick_cluster(cluster), overrides, run_name=name))
+    if why:
+        err.print(f"python: {spec.python} ({why})", markup=False, highlight=False)
+    return spec

@@ -66,22 +66,24 @@ def not_here(spec: RunSpec) -> str | None:
     return None
 
 
-def choose_interpreter(spec: RunSpec) -> RunSpec:
+def choose_interpreter(spec: RunSpec) -> tuple[RunSpec, str | None]:
     """On local and slurm-dev, a job no setup names an interpreter for runs the checkout's venv for its engine
-    (.venv-verl) when the submitting interpreter cannot import what the job needs; any other spec is returned
-    as it is. check_interpreter says which ran and why."""
+    (.venv-verl) when the submitting interpreter cannot import what the job needs: (that spec, why). Any other
+    spec comes back as it is, with None. check_interpreter says it again in plan's findings."""
     setup = spec.cluster.setup
     if spec.cluster.name not in CHECKOUT_PROFILES or any((setup.python, setup.venv, setup.conda, setup.container)):
-        return spec
+        return spec, None
     needs = get_engine(spec.recipe.engine).job_imports(spec)
     venv = checkout_venv(needs)
     if not needs.modules or venv is None or spec.python != sys.executable or Path(sys.executable).parent.parent == venv:
-        return spec
-    if probe(spec.python, needs.modules, needs.env).ok:
-        return spec
+        return spec, None
+    mine = probe(spec.python, needs.modules, needs.env)
+    if mine.ok:
+        return spec, None
     chosen = setup.model_copy(update={"venv": str(venv)})
-    return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"setup": chosen}),
+    spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"setup": chosen}),
                                    "python": job_python(chosen)})
+    return spec, f"the checkout's {needs.checkout_venv}: the submitting interpreter {sys.executable} {describe_failure(mine)}"
 
 
 def describe_failure(result: Probe) -> str:

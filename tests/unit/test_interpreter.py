@@ -187,14 +187,16 @@ def fake_probe(bad: set[str]):  # noqa: ANN201 - probe's signature
 
 def test_local_falls_back_to_the_checkout_venv_and_says_why(checkout: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(interpreter, "probe", fake_probe({sys.executable}))
-    spec = interpreter.choose_interpreter(resolve_spec("tiny-verl", "local", run_name="t"))
+    spec, why = interpreter.choose_interpreter(resolve_spec("tiny-verl", "local", run_name="t"))
+    assert why == (f"the checkout's .venv-verl: the submitting interpreter {sys.executable} cannot import "
+                   "verl.trainer.main_ppo (module 'codetiming' is missing)")
     assert spec.python == str(checkout / ".venv-verl" / "bin" / "python")
     assert spec.cluster.setup.venv == str(checkout / ".venv-verl")  # the job script activates it
     notes = interpreter.check_interpreter(spec, error)
     assert [f.severity for f in notes] == [Severity.INFO, Severity.INFO]
     assert f"the submitting interpreter {sys.executable} cannot import verl.trainer.main_ppo (module 'codetiming' " \
            "is missing)" in notes[1].message and "the checkout's .venv-verl runs the job" in notes[1].message
-    same = interpreter.choose_interpreter(resolve_spec("tiny-verl", "slurm-dev", run_name="t"))
+    same, _ = interpreter.choose_interpreter(resolve_spec("tiny-verl", "slurm-dev", run_name="t"))
     assert same.python == spec.python
 
 
@@ -203,7 +205,7 @@ def test_no_fallback_where_the_profile_names_an_interpreter(checkout: Path, monk
                                                            extra: list[str]) -> None:
     monkeypatch.setattr(interpreter, "probe", fake_probe({sys.executable}))
     spec = resolve_spec("tiny-verl", "local", extra, run_name="t")
-    assert interpreter.choose_interpreter(spec) == spec
+    assert interpreter.choose_interpreter(spec) == (spec, None)
 
 
 def test_no_fallback_off_local_or_when_the_submitter_can_run_verl(checkout: Path,
@@ -211,12 +213,12 @@ def test_no_fallback_off_local_or_when_the_submitter_can_run_verl(checkout: Path
     monkeypatch.setattr(interpreter, "probe", fake_probe({sys.executable}))
     remote = resolve_spec("tiny-verl", "a100-ib", ["cluster.setup.modules=[]", "cluster.setup.venv=null"],
                           run_name="t")
-    assert interpreter.choose_interpreter(remote) == remote
+    assert interpreter.choose_interpreter(remote) == (remote, None)
     monkeypatch.setattr(interpreter, "probe", fake_probe(set()))
     fine = resolve_spec("tiny-verl", "local", run_name="t")
-    assert interpreter.choose_interpreter(fine).python == sys.executable
+    assert interpreter.choose_interpreter(fine)[0].python == sys.executable
     trl = resolve_spec("tiny-gsm8k", "local", run_name="t")
-    assert interpreter.choose_interpreter(trl) == trl
+    assert interpreter.choose_interpreter(trl) == (trl, None)
 
 
 # ------------------------------------------------------------------------------------ the command, end to end
