@@ -61,7 +61,6 @@ def test_readme_tiny_verl_trains_or_is_refused_before_queueing(tmp_path: Path) -
         return
     logs = "\n".join(p.read_text(errors="replace") for p in sorted((run / "submitit").glob("*_log.*")))
     assert proc.returncode == 0, (text[-3000:], logs[-6000:])
-    assert "No module named" not in logs
     # the job ran the checkout's .venv-verl, as plan said, and trained both steps
     spec_text = (run / "spec.yaml").read_text()
     assert f"python: {VERL_PYTHON}" in spec_text, spec_text[-400:]
