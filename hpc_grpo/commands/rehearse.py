@@ -366,7 +366,6 @@ def run_rehearsal(recipe: str, cluster: str, overrides: list[str], run_name: str
     from hpc_grpo.config.resolve import resolve_spec
     from hpc_grpo.commands.resume import plan_resume, submit_resume
     from hpc_grpo.launch.submit import submit_run
-
     from hpc_grpo.planning.interpreter import choose_interpreter
 
     name = run_name or default_run_name(f"{recipe}-rehearsal")

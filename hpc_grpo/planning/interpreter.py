@@ -14,10 +14,9 @@ only verl's config files, and `bash tools/setup-env.sh verl` builds .venv-verl b
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-from hpc_grpo.common.findings import Finding, info, warning
+from hpc_grpo.common.findings import Finding, Make, info, warning
 from hpc_grpo.config.cluster import Setup
 from hpc_grpo.config.resolve import job_python
 from hpc_grpo.config.spec import RunSpec
@@ -25,7 +24,6 @@ from hpc_grpo.engines import get_engine
 from hpc_grpo.engines.base import JobImports
 from hpc_grpo.planning.python_probe import Probe, probe
 
-Make = Callable[[str, str, str], Finding]  # error at submit, warning in plan (preflight's rule)
 # Profiles whose nodes are this machine, so the checkout's venv is at the same path on them.
 CHECKOUT_PROFILES = ("local", "slurm-dev")
 

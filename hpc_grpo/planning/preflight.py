@@ -22,16 +22,14 @@ from __future__ import annotations
 import json
 import os
 import pwd
-from collections.abc import Callable
 from pathlib import Path
 
-from hpc_grpo.common.findings import READ_FIX, Finding, Severity, cannot_read, error, has_errors, info, warning
+from hpc_grpo.common.findings import READ_FIX, Finding, Severity, Make, cannot_read, error, has_errors, info, warning
 from hpc_grpo.config.models import ModelShape
 from hpc_grpo.planning.disk import check_disk
 from hpc_grpo.planning.interpreter import check_interpreter
 from hpc_grpo.config.spec import RunSpec
 
-Make = Callable[[str, str, str], Finding]
 
 # A tokenizer is loadable from a folder with one of these sets (fast tokenizer, BPE vocab+merges, sentencepiece).
 TOKENIZER_SETS = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",))
