@@ -50,8 +50,13 @@ def pick_cluster(cluster: str | None) -> str:
 
 
 def resolve(args: list[str] | None, name: str | None) -> Any:
-    """The RunSpec the command line describes: recipe + cluster profile + overrides."""
+    """The RunSpec the command line describes: recipe + cluster profile + overrides, and on local and slurm-dev
+    the checkout's venv for the engine where the submitting interpreter cannot run its job."""
     from hpc_grpo.config.resolve import resolve_spec
+    from hpc_grpo.planning.interpreter import choose_interpreter
 
     recipe, cluster, overrides = parse_args(args)
-    return resolve_spec(recipe, pick_cluster(cluster), overrides, run_name=name)
+    spec, why = choose_interpreter(resolve_spec(recipe, pick_cluster(cluster), overrides, run_name=name))
+    if why:
+        err.print(f"python: {spec.python} ({why})", markup=False, highlight=False)
+    return spec

@@ -385,9 +385,12 @@ def run_rehearsal(recipe: str, cluster: str, overrides: list[str], run_name: str
     from hpc_grpo.config.resolve import resolve_spec
     from hpc_grpo.commands.resume import plan_resume, submit_resume
     from hpc_grpo.launch.submit import submit_run
+    from hpc_grpo.planning.interpreter import choose_interpreter
 
     name = run_name or default_run_name(f"{recipe}-rehearsal")
-    original = resolve_spec(recipe, cluster, overrides, run_name=name)
+    original, why = choose_interpreter(resolve_spec(recipe, cluster, overrides, run_name=name))
+    if why:
+        say(f"python: {original.python} ({why})")
     refuse_unrehearsable(original)
     if original.path.exists():
         raise SpecError(f"{original.path} exists: a rehearsal starts a new run; choose another --name", key="--name")
@@ -401,7 +404,7 @@ def run_rehearsal(recipe: str, cluster: str, overrides: list[str], run_name: str
         shutil.rmtree(original.path, ignore_errors=True)
         raise
     plan_shrink = shrink(original, inputs)
-    spec = resolve_spec(recipe, cluster, [*overrides, *plan_shrink.overrides], run_name=name)
+    spec, _ = choose_interpreter(resolve_spec(recipe, cluster, [*overrides, *plan_shrink.overrides], run_name=name))
     out = Rehearsal(spec, plan_shrink)
     say(f"Rehearsal of {recipe} on {spec.cluster.name} (verl CPU mode): {spec.run_dir}")
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
@@ -48,6 +49,10 @@ def warning(key: str, message: str, fix: str = "") -> Finding:
 
 def info(key: str, message: str, fix: str = "") -> Finding:
     return Finding(Severity.INFO, key, message, fix)
+
+
+# error() at submit, warning() in plan: the checks that depend on where they run take one of the two.
+Make = Callable[[str, str, str], Finding]
 
 
 def has_errors(findings: list[Finding]) -> bool:

@@ -34,6 +34,18 @@ class EngineCommand:
     node_env: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class JobImports:
+    """What the job's interpreter must import for the job to start, so preflight can try it before queueing
+    (hpc_grpo.planning.interpreter): the modules, the environment the job imports them under, the fix when one
+    is missing, and the venv of this checkout that has the engine's stack (tools/setup-env.sh builds it)."""
+
+    modules: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    fix: str = ""
+    checkout_venv: str = ""
+
+
 class Engine(Protocol):
     name: str
     launch_template: str
@@ -41,3 +53,5 @@ class Engine(Protocol):
     def command(self, spec: RunSpec) -> EngineCommand: ...
 
     def check(self, spec: RunSpec) -> list[Finding]: ...
+
+    def job_imports(self, spec: RunSpec) -> JobImports: ...

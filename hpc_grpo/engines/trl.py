@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpc_grpo.runstate import layout, runs
-from hpc_grpo.engines.base import EngineCommand, Override
+from hpc_grpo.engines.base import EngineCommand, JobImports, Override
 from hpc_grpo.common.findings import Finding, error, info, warning
 from hpc_grpo.config.spec import RunSpec
 
@@ -206,6 +206,11 @@ class TrlEngine:
             argv=[spec.python, *ENTRY, "--spec", str(layout.spec_file(spec.path))],
             env={"WANDB_RUN_ID": runs.wandb_run_id(spec.path), "WANDB_RESUME": "allow"},
         )
+
+    def job_imports(self, spec: RunSpec) -> JobImports:
+        """Not tried before queueing yet: trl's job runs the submitting interpreter by default, which has trl
+        wherever hpc-grpo[local] is installed (the quickstart's .venv)."""
+        return JobImports()
 
     def check(self, spec: RunSpec) -> list[Finding]:
         """What trl cannot do with this recipe, its batch layout included (verl's batch rules, engines.verl_checks,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hpc_grpo.runstate import checkpoints, layout, runs
 from hpc_grpo.engines import verl_cpu, vllm_cpu
-from hpc_grpo.engines.base import EngineCommand, Override
+from hpc_grpo.engines.base import EngineCommand, JobImports, Override
 from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_key_for
 from hpc_grpo.common.findings import Finding, error
 from hpc_grpo.config.spec import RunSpec
@@ -22,6 +22,29 @@ CODE_REWARD_PATH = "pkg://hpc_grpo.rewards.code"
 CODE_REWARD_NAME = "compute_score"
 # verl's built-in GSM8K scorer is strict with format score 0; anything else is ours, with the same semantics
 GSM8K_REWARD_PATH = "pkg://hpc_grpo.rewards.gsm8k"
+
+# What a verl job imports before it trains (planning.interpreter tries them in the job's interpreter): the node
+# sequence the launch script execs, Ray, and, unless launch.driver replaces it, verl's trainer (its whole import
+# chain: codetiming, tensordict, torch, transformers...) and the rollout's own module.
+NODE_MODULES = ("hpc_grpo.job.verl_node", "ray")
+TRAINER_MODULE = ENTRY[1]
+ROLLOUT_MODULES = {"hf": "hpc_grpo.engines.verl_hf_rollout", "vllm": "vllm", "sglang": "sglang"}
+CHECKOUT_VENV = ".venv-verl"  # tools/setup-env.sh verl builds it in the checkout
+
+
+def job_imports(spec: RunSpec) -> JobImports:
+    """The modules the job needs, imported under the environment every verl process of the job gets."""
+    r = spec.recipe
+    modules = NODE_MODULES if r.launch.driver else (*NODE_MODULES, TRAINER_MODULE, ROLLOUT_MODULES[r.rollout.name])
+    if r.rollout.name == "hf" or r.launch.driver or spec.verl_cpu:
+        fix = (f"`bash tools/setup-env.sh verl` builds {CHECKOUT_VENV} with verl 0.9.1's trainer stack"
+               + (" and vLLM's CPU build" if spec.verl_cpu and r.rollout.name == "vllm" else ""))
+    else:
+        wants = "hpc-grpo[train-verl-vllm]" if r.rollout.name == "vllm" else f"hpc-grpo[train-verl] and {r.rollout.name}"
+        fix = f"install {wants} into a venv, after the torch for your CUDA"
+    return JobImports(modules=modules, env=node_env(spec), fix=fix,
+                      checkout_venv=CHECKOUT_VENV)
+
 
 # verl's CPU mode (hpc_grpo.engines.verl_cpu): settings verl's trainer needs on CPU, measured with verl 0.9.1.
 # FSDP2 (FSDP1 passes a device index), no torch.compile / flash-attention paths (remove-padding needs flash-attn),
@@ -287,6 +310,9 @@ class VerlEngine:
             node_env=node_env(spec),
             ray_cpus=ray_cpus_per_node(spec),
         )
+
+    def job_imports(self, spec: RunSpec) -> JobImports:
+        return job_imports(spec)
 
     def check(self, spec: RunSpec) -> list[Finding]:
         """Passthrough keys: well-formed, real verl keys, and not fighting a modelled field."""

@@ -10,6 +10,8 @@ that would die minutes in, or pend forever, is refused with nothing queued and n
   what the checkpoint lock uses on Lustre/NFS (from /proc/mounts: nothing is written), and for
   nodes > 1 lies under one of the profile's `shared_paths` (node-local folders such as /tmp: verl #625, every rank
   writes its own shard and the shards must meet in one folder);
+- the job's interpreter: it imports what the engine's job imports (hpc_grpo.planning.interpreter; cached per
+  interpreter), or says why it cannot be tried here (a container, env modules);
 - Slurm (through hpc_grpo.cluster.slurm only): MaxTime, nodes with the GPUs/CPUs/memory asked (GRES), account and qos in
   sacctmgr's associations, and `sbatch --test-only` (queues nothing) for whatever else no node can satisfy.
 The W&B credential check stays in plan.check_environment; no check here reads a secret's value.
@@ -20,15 +22,14 @@ from __future__ import annotations
 import json
 import os
 import pwd
-from collections.abc import Callable
 from pathlib import Path
 
-from hpc_grpo.common.findings import READ_FIX, Finding, Severity, cannot_read, error, info, warning
+from hpc_grpo.common.findings import READ_FIX, Finding, Severity, Make, cannot_read, error, has_errors, info, warning
 from hpc_grpo.config.models import ModelShape
 from hpc_grpo.planning.disk import check_disk
+from hpc_grpo.planning.interpreter import check_interpreter
 from hpc_grpo.config.spec import RunSpec
 
-Make = Callable[[str, str, str], Finding]
 
 # A tokenizer is loadable from a folder with one of these sets (fast tokenizer, BPE vocab+merges, sentencepiece).
 TOKENIZER_SETS = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",))
@@ -47,6 +48,7 @@ def run_preflight(spec: RunSpec, shape: ModelShape | None, findings: list[Findin
         out += check_model(spec, make)
         out += check_data(spec, make)
     out += check_runs_root(spec, shape, make)
+    out += check_interpreter(spec, make, refused=has_errors(out))
     if spec.cluster.scheduler == "slurm":
         refused = {f.key for f in findings if f.severity is Severity.ERROR}  # the profile already refuses these
         out += [f for f in check_slurm(spec, make, for_submit) if f.key not in refused]

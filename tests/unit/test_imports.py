@@ -99,3 +99,10 @@ def test_resume_planning_imports_nothing_heavy(tmp_path) -> None:
     mods = loaded("resume", str(spec.path), "resources.time=01:00:00")
     assert "hpc_grpo" in mods and not mods & set(HEAVY), mods & set(HEAVY)
     assert not (spec.path / "history.jsonl").exists()
+
+
+def test_plan_of_a_verl_job_on_local_imports_nothing_heavy() -> None:
+    """plan asks the job's interpreter whether it runs verl's trainer in a child process: torch, Ray and verl are
+    imported there, never here."""
+    mods = loaded("plan", "recipe=tiny-verl", "cluster=local", "--no-schema")
+    assert "hpc_grpo" in mods and not mods & set(HEAVY) and "verl" not in mods, mods & {*HEAVY, "verl"}
