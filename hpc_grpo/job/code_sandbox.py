@@ -132,6 +132,15 @@ def _run_tests(job: dict, report_fd: int, nonce: str) -> None:
             sys.stdin, sys.stdout = saved
         return out.getvalue() if stdin is not None else None
 
+    if job.get("syntax_check"):  # a long program: compiled here, before any of it runs (the scorer's CPU is shared)
+        try:
+            _compile(code, "<completion>", "exec")
+        except SyntaxError as exc:
+            report(f"error 0 compile {max(0, int(exc.lineno or 1))} {max(0, int(exc.offset or 1))}")
+            return
+        except BaseException:  # noqa: BLE001 - null bytes (ValueError), absurd nesting
+            report("error 0 compile 0 0")
+            return
     io_tests = any(isinstance(t, dict) and "stdin" in t for t in tests)
     glb: dict = {"__name__": "__main__" if io_tests else "solution"}
     if not io_tests:  # function tests: define once, then each test sees the definitions
@@ -384,9 +393,24 @@ def _collect(read_fd: int, reports: _Reports, per_test: float, wall_end: float) 
 
 
 def main() -> int:
-    report = ns.probe() if sys.argv[1:] == ["--probe"] else supervise(json.loads(sys.stdin.read()))
-    sys.stdout.write(json.dumps(report) + "\n")
-    sys.stdout.flush()
+    """--probe: one JSON line. A job: one line per test (`V i payload` for a value, as the child sent it; `O i
+    JSON` for any other outcome), then `S JSON`, the summary: the scorer reads them one at a time, each capped
+    (hpc_grpo/rewards/code_report.py)."""
+    if sys.argv[1:] == ["--probe"]:
+        sys.stdout.write(json.dumps(ns.probe()) + "\n")
+        sys.stdout.flush()
+        return 0
+    report = supervise(json.loads(sys.stdin.buffer.read()))
+    out = sys.stdout.buffer
+    for i, outcome in enumerate(report.pop("outcomes")):
+        if outcome is None:
+            continue
+        if outcome[0] == "value":
+            out.write(b"V %d %s\n" % (i, outcome[1].encode("utf-8")))
+        else:
+            out.write(b"O %d %s\n" % (i, json.dumps(outcome).encode()))
+    out.write(b"S " + json.dumps(report).encode() + b"\n")
+    out.flush()
     return 0
 
 

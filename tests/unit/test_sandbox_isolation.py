@@ -505,7 +505,7 @@ job = {"code": f"open({marker!r}, 'w').write('ran')\ndef add(a, b):\n    return 
        "tests": ["assert add(1, 2) == 3"], "per_test_timeout": 1.0, "memory_mb": 512, "isolation": "auto"}
 run = subprocess.run([sys.executable, "-I", "-S", str(code_reward.SANDBOX)], input=json.dumps(job),
                      capture_output=True, text=True, timeout=60, env=isolation.sandbox_env())
-out["sandbox"] = json.loads(run.stdout)
+out["sandbox"] = json.loads(run.stdout.splitlines()[-1].removeprefix("S "))  # the summary line (no test ran)
 out["sandbox_ran_code"] = os.path.exists(marker)
 print("RESULT=" + json.dumps(out))
 """
