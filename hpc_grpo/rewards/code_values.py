@@ -25,13 +25,14 @@ from typing import Any
 
 __all__ = ["USet", "UDict", "Budget", "decode_value", "values_equal", "judge"]
 
-MAX_DEPTH = 100  # nesting of a returned value (the sandbox refuses deeper values too)
 EQ_RATIO = 128  # an int equal to a float has at most ~310 digits (a float's repr >= 3 chars); bool/complex < 16x
 TRUTH_SHORT = 64  # a payload longer than this is a non-empty value or a non-zero number: truthy
 BUDGET_BYTES = 4 << 20  # payload bytes per completion decoded for checks the test does not bound (in, <, truth)
 _SCALARS = (type(None), bool, int, float, complex)
 _ORDER = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+_PREFIXES = {list: "[", tuple: '{"t"', set: ('{"s"', '{"f"'), frozenset: ('{"s"', '{"f"'), dict: '{"d"', str: '"',
+             bytes: '{"b"'}  # how the encoding of a value equal to one of these types begins
 _TOKEN = re.compile(r"\S+")  # one character class: no backtracking
 
 
@@ -75,23 +76,16 @@ class Budget:
 def decode_value(payload: str) -> Any:
     """The sandbox's encoding of one value -> the value (sets and dicts as USet/UDict). JSON null/true/false/
     numbers/strings/arrays are themselves; {"t": [..]} tuple, {"s"|"f": [..]} set/frozenset, {"d": [[k, v], ..]}
-    dict, {"b": hex} bytes, {"c": [re, im]} complex, {"i": hex} a huge int. ValueError for anything else."""
+    dict, {"b": hex} bytes, {"c": [re, im]} complex, {"i": hex} a huge int. ValueError for anything else.
+    The tags are undone by json's object_hook: lists and scalars never pass through Python code here."""
     try:
-        raw = json.loads(payload)
+        return json.loads(payload, object_hook=_untag)
     except RecursionError:
         raise ValueError("nested too deeply") from None
-    return _untag(raw, 0)
 
 
-def _untag(x: Any, depth: int) -> Any:
-    if depth > MAX_DEPTH:
-        raise ValueError("nested too deeply")
-    t = type(x)
-    if x is None or t in (bool, int, float, str):
-        return x
-    if t is list:
-        return [_untag(v, depth + 1) for v in x]
-    if t is dict and len(x) == 1:
+def _untag(x: dict) -> Any:
+    if len(x) == 1:
         (tag, body), = x.items()
         if tag == "b" and type(body) is str:
             return bytes.fromhex(body)
@@ -99,20 +93,17 @@ def _untag(x: Any, depth: int) -> Any:
             return int(body, 16)
         if tag == "c" and type(body) is list and len(body) == 2 and all(type(v) in (int, float) for v in body):
             return complex(body[0], body[1])
-        if type(body) is list and tag in ("t", "s", "f", "d"):
-            items = tuple(_untag(v, depth + 1) for v in body)
-            if tag == "t":
-                return items
-            if tag == "d":
-                if not all(type(p) is list and len(p) == 2 for p in items):
-                    raise ValueError("a dict item is not a pair")
-                if not all(_hashable(p[0]) for p in items):
-                    raise ValueError("unhashable dict key")
-                return UDict(tuple((p[0], p[1]) for p in items))
-            if not all(_hashable(v) for v in items):
+        if type(body) is list and tag == "t":
+            return tuple(body)
+        if type(body) is list and tag == "d":
+            if not all(type(p) is list and len(p) == 2 and _hashable(p[0]) for p in body):
+                raise ValueError("a dict item is not a pair with a hashable key")
+            return UDict(tuple((p[0], p[1]) for p in body))
+        if type(body) is list and tag in ("s", "f"):
+            if not all(_hashable(v) for v in body):
                 raise ValueError("unhashable set element")
-            return USet(items, tag == "f")
-    raise ValueError(f"not an encoded value: {type(x).__name__}")
+            return USet(tuple(body), tag == "f")
+    raise ValueError("not an encoded value")
 
 
 def _hashable(x: Any) -> bool:
@@ -262,7 +253,7 @@ def _compare(check: tuple[Any, ...], payload: str, budget: Budget) -> bool:
     if kind == "truth" and len(payload) > TRUTH_SHORT:
         return check[1] is True  # a long payload is a non-empty value or a non-zero number
     if kind == "cmp" and check[1] in ("==", "!="):
-        if len(payload) > EQ_RATIO * check[4] + 64:
+        if len(payload) > EQ_RATIO * check[4] + 64 or not payload.startswith(_PREFIXES.get(type(check[2]), "")):
             return check[1] == "!="  # too long to equal the expected value
         got = decode_value(payload)
         return values_equal(got, check[2]) is (check[1] == "==")
