@@ -65,6 +65,7 @@ def _sibling(name: str):  # noqa: ANN202 - a module
 
 
 ns = _sibling("sandbox_namespaces")
+kernel = _sibling("sandbox_kernel")
 
 
 def _limits(job: dict, n_tests: int) -> None:
@@ -78,7 +79,7 @@ def _limits(job: dict, n_tests: int) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
-def _child(job: dict, report_fd: int, nonce: str, workdir: str) -> None:
+def _child(job: dict, report_fd: int, nonce: str, workdir: str, libc) -> None:  # noqa: ANN001
     """Runs in the forked process (PID 1 of its PID namespace outside limits-only), after ns.enter has isolated
     it and dropped its privileges: stdio on /dev/null, only the report pipe open, the limits, a bare environment,
     then the tests."""
@@ -90,6 +91,9 @@ def _child(job: dict, report_fd: int, nonce: str, workdir: str) -> None:
         os.closerange(3, report_fd)
         os.closerange(report_fd + 1, 1 << 16)
         os.chdir(workdir)
+        why = kernel.fresh_keyring(libc)  # every mode: the scorer's session keyring is never the code's
+        if why:
+            raise OSError(why)
         tests = job["tests"]
         _limits(job, len(tests))
         os.environ.clear()
@@ -253,8 +257,8 @@ def supervise(job: dict) -> dict:
     if pid == 0:
         os.close(read_fd)
         os.close(ready_r)
-        ns.enter(libc, mode, uid, ready_w)
-        _child(job, write_fd, nonce, workdir)  # ns.enter made the pool uid the code's already
+        ns.enter(libc, mode, uid, ready_w, lambda: kernel.ipc_limits(int(job["memory_mb"])))
+        _child(job, write_fd, nonce, workdir, libc)  # ns.enter made the pool uid the code's already
         os._exit(0)  # not reached
     os.close(write_fd)
     os.close(ready_w)

@@ -1,0 +1,55 @@
+"""Kernel state the sandboxed code would otherwise share with the scorer and with the next sample: SysV and
+POSIX IPC, the keyrings, and memory outside one process's address space.
+
+Loaded by path beside code_sandbox.py (stdlib only, like it). The mount, network and PID namespaces are
+sandbox_namespaces.py's; this file adds:
+- a new IPC namespace (CLONE_NEWIPC, joined with the others there): SysV shared memory, message queues and
+  semaphores and POSIX message queues exist only in it, so the scorer's segments are invisible and whatever a
+  sample makes dies with its last process (the kernel destroys every object of an IPC namespace with it).
+  Its totals are capped here (shmall to memory_mb, few ids), so the objects cannot hold memory the limits miss
+  while the sample runs;
+- a fresh anonymous session keyring for the code (KEYCTL_JOIN_SESSION_KEYRING): the scorer's session keyring
+  (pam_keyinit's, a Kerberos KEYRING cache, an `hf_...` token) is no longer the code's, and what the code adds
+  to its own dies with it. The user and persistent keyrings belong to the user namespace (Linux >= 5.3): the
+  code's is new in both namespace modes (in limits-only mode it is the user's own: that mode shares the user's
+  rights by consent).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+CLONE_NEWIPC = 0x08000000
+KEYCTL_JOIN_SESSION_KEYRING = 1
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 271, "s390x": 280}
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def ipc_limits(memory_mb: int) -> str:
+    """In the code's new IPC namespace (its own /proc/sys/kernel values): SysV shared memory at most memory_mb in
+    all, at most 16 segments, 16 message queues; POSIX queues at most 8. '' or why not."""
+    values = {"kernel/shmall": str(max(1, memory_mb * (1 << 20) // PAGE)), "kernel/shmmax": str(memory_mb << 20),
+              "kernel/shmmni": "16", "kernel/msgmni": "16", "fs/mqueue/queues_max": "8"}
+    for name, value in values.items():
+        try:
+            with open(f"/proc/sys/{name}", "w") as handle:
+                handle.write(value)
+        except FileNotFoundError:
+            continue  # a kernel without that facility: nothing to cap
+        except OSError as exc:
+            return f"/proc/sys/{name}: {exc.strerror}"
+    return ""
+
+
+def fresh_keyring(libc: ctypes.CDLL) -> str:
+    """Join a new anonymous session keyring (the code's own, owned by its uid). '' or why not; '' too where the
+    kernel has no keys (then there is no keyring to share)."""
+    number = SYS_KEYCTL.get(os.uname().machine)
+    if number is None:
+        return f"keyctl: no syscall number for {os.uname().machine}"
+    if libc.syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None, 0, 0, 0) >= 0:
+        return ""
+    err = ctypes.get_errno()
+    return "" if err == errno.ENOSYS else f"join a session keyring: {os.strerror(err)}"
