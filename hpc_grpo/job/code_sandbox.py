@@ -115,6 +115,7 @@ def _run_tests(job: dict, report_fd: int, nonce: str) -> None:
     import io
 
     code, tests = job["code"], job["tests"]
+    clean = _Pristine()  # before any of the code runs
     # Bound before the code runs: code that rebinds builtins.exec, os.write or json.dumps changes nothing here.
     # (It can still reach these frames; the protocol, not this, is what keeps a forged report from scoring.)
     _exec, _eval, _compile, _write, _dumps = exec, eval, compile, os.write, json.dumps
@@ -147,24 +148,33 @@ def _run_tests(job: dict, report_fd: int, nonce: str) -> None:
             return
     io_tests = any(isinstance(t, dict) and "stdin" in t for t in tests)
     glb: dict = {"__name__": "__main__" if io_tests else "solution"}
+    given: dict = clean.namespace("given")
+    prelude: dict = clean.namespace("tests")
     if not io_tests:  # function tests: define once, then each test sees the definitions
         try:
             run(job.get("setup", "") + "\n" + code, None, glb)
+            if job.get("given"):  # what the prompt gives, again after the code: the code cannot redefine it
+                clean.restore()
+                run(job["given"], None, given)
+                glb.update(clean.names(given))
             if job.get("prelude"):
-                run(job["prelude"], None, glb)
+                clean.restore()
+                run(job["prelude"], None, prelude)
         except BaseException as exc:  # noqa: BLE001 - any failure of the program is a score, not a crash
             report(f"error 0 {_name(exc)}")
             return
     report("ok 0")
+    entry = job.get("entry") or ""
     for i, test in enumerate(tests, start=1):
         test = test if isinstance(test, dict) else {"exec": test}
+        clean.restore()
         try:
             if "call" in test:
-                value = _eval(_compile(test["call"], "<test>", "eval"), glb)
+                value = _eval(_compile(test["call"], "<test>", "eval"), clean.test_globals(glb, given, prelude, entry))
             elif "stdin" in test:
                 value = run(code, str(test["stdin"]), {"__name__": "__main__"})
             else:
-                run(test["exec"], None, glb)
+                run(test["exec"], None, clean.test_globals(glb, given, prelude, entry))
                 report(f"ok {i}")
                 continue
         except BaseException as exc:  # noqa: BLE001 - AssertionError, SystemExit, MemoryError, ...
@@ -179,6 +189,49 @@ def _run_tests(job: dict, report_fd: int, nonce: str) -> None:
             report(f"unencodable {i} {_name(value)}")
             continue
         report(f"value {i} {payload}")
+
+
+class _Pristine:
+    """What the tests run with, captured before the code runs and restored before each phase: the builtins, the
+    modules checks use (random, math), no trace or profile hook. Each test gets fresh globals holding these
+    builtins, the prelude's and the prompt's names, and the solution's names except those that shadow a builtin
+    (`all = lambda x: True` in the solution's module reaches no test). What Python cannot protect (a test that
+    runs whole beside the code: its frame, its constants, a trace hook set during the call) is in docs/guide.md."""
+
+    def __init__(self) -> None:
+        import builtins
+        import math
+        import random
+
+        self.builtins = dict(builtins.__dict__)
+        self.modules = [(m.__dict__, dict(m.__dict__)) for m in (builtins, random, math)]
+        self.hooks = (sys.settrace, sys.setprofile)
+        self.reseed = random.seed
+
+    def restore(self) -> None:
+        for live, saved in self.modules:
+            live.update(saved)
+        for hook in self.hooks:
+            hook(None)
+        threading = sys.modules.get("threading")
+        if threading is not None:  # its hooks for threads started later
+            threading._trace_hook = threading._profile_hook = None
+        self.reseed()  # a seed the code set no longer decides a check's random inputs
+
+    def namespace(self, name: str) -> dict:
+        return {"__builtins__": dict(self.builtins), "__name__": name}
+
+    def names(self, space: dict) -> dict:
+        """A namespace's own names (no dunders), those that shadow a builtin left out."""
+        return {k: v for k, v in space.items() if not k.startswith("__") and k not in self.builtins}
+
+    def test_globals(self, solution: dict, given: dict, prelude: dict, entry: str) -> dict:
+        out = self.namespace("tests")
+        for space in (solution, given, prelude):
+            out.update(self.names(space))
+        if entry in solution:
+            out[entry] = solution[entry]
+        return out
 
 
 def _name(obj: object) -> str:

@@ -28,6 +28,7 @@ name=compute_score, weights as reward_kwargs. Stdlib only at import time.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -233,6 +234,21 @@ def _program(code: str, gt: dict[str, Any]) -> str:
     return "\n".join(imports + [code]) if imports else code
 
 
+@functools.lru_cache(maxsize=1024)
+def given_code(prompt_code: str, entry: str) -> str:
+    """What the prompt gives besides the entry point's stub (imports, helpers such as HumanEval/38's
+    encode_cyclic): run again after the completion, in a namespace of its own, so a completion cannot redefine
+    what the problem gives (an identity `encode` beside an identity `decode`). The prompt is trusted text."""
+    try:
+        module = ast.parse(prompt_code)
+    except (SyntaxError, ValueError, RecursionError):
+        return ""
+    body = [s for s in module.body if not (isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == entry)]
+    if not any(isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign)) for s in body):
+        return ""  # imports alone: the program has them already
+    return ast.unparse(ast.Module(body=body, type_ignores=[]))
+
+
 def plan_of(ground_truth: Any, gt: dict[str, Any] | None = None) -> PlannedTests:
     """The problem's tests as the protocol runs them (split calls, weak snippets, stdin tests), cached on
     the ground-truth text."""
@@ -252,7 +268,8 @@ def run_sandbox(code: str, gt: dict[str, Any], plan: PlannedTests, weights: Rewa
     tests = [t.job for t in plan.tests]
     job = {"code": code, "tests": tests, "setup": gt.get("setup", ""), "prelude": plan.prelude,
            "per_test_timeout": weights.per_test_timeout, "memory_mb": weights.memory_mb, "max_procs": weights.max_procs,
-           "isolation": weights.isolation, "syntax_check": syntax_check}
+           "isolation": weights.isolation, "syntax_check": syntax_check,
+           "entry": gt.get("entry_point") or "", "given": given_code(gt.get("prompt_code") or "", gt.get("entry_point") or "") if gt.get("entry_point") else ""}
     outer = weights.per_test_timeout * (len(tests) + 2) + 10.0
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOT, str(SANDBOX)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd="/",
