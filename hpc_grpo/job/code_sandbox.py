@@ -69,7 +69,7 @@ kernel = _sibling("sandbox_kernel")
 
 
 def _limits(job: dict, n_tests: int) -> None:
-    mem = int(job["memory_mb"]) * 1024 * 1024
+    mem = kernel.address_space(int(job["memory_mb"]), int(job.get("max_procs", 32)))  # memory_mb for all together
     cpu = int(job["per_test_timeout"] * (n_tests + 1)) + 1
     for res, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_CORE, 0),
                        (resource.RLIMIT_FSIZE, 16 * 1024 * 1024), (resource.RLIMIT_NOFILE, 64)):
@@ -310,7 +310,7 @@ def supervise(job: dict) -> dict:
     if pid == 0:
         os.close(read_fd)
         os.close(ready_r)
-        ns.enter(libc, mode, uid, ready_w, lambda: kernel.ipc_limits(int(job["memory_mb"])))
+        ns.enter(libc, mode, uid, ready_w, kernel.ipc_limits)
         _child(job, write_fd, nonce, workdir, libc)  # ns.enter made the pool uid the code's already
         os._exit(0)  # not reached
     os.close(write_fd)

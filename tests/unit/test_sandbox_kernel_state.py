@@ -141,7 +141,10 @@ try:
                     runs.append(sink.read().strip().endswith("True"))
             out["control"][name] = runs
         cleanup()
-    else:
+    else:  # the sandbox runs honest code here (else every attack would "fail" with it)
+        honest = job["honest"]
+        out["honest"] = [compute_score("hpc-grpo/codegen", honest, gt, **W)["score"],
+                         score_samples([problem], [[honest]], weights=RewardWeights(**W), workers=1)["pass@1"]]
         for name, text in job["completions"].items():
             out["verl"][name] = [compute_score("hpc-grpo/codegen", text, gt, **W)["score"] for _ in range(2)]
             out["eval"][name] = [score_samples([problem], [[text]], weights=RewardWeights(**W), workers=1)["pass@1"]
@@ -233,7 +236,8 @@ def table(runner: Runner, job: dict, completions: dict[str, str], mark: str) -> 
     # counted now: the driver's searches made the user's own user and user-session keyrings, which stay
     before = (key_count(runner.uid), pool_keys())
 
-    got = drive(runner, {**job, "completions": completions, "control": False})
+    got = drive(runner, {**job, "completions": completions, "control": False, "honest": completion("ok = True")})
+    assert got["honest"] == [1.0, 1.0], f"as {runner.name}, honest code did not score in the sandbox: {got['honest']}"
     won = {n: (got["verl"][n], got["eval"][n]) for n in ATTACKS if max(got["verl"][n] + got["eval"][n]) > 0}
     assert not won, f"as {runner.name}: attacks that scored (verl's two runs, HumanEval's two runs): {won}"
     assert not any(got["left"].values()), f"as {runner.name}, left on the host: {got['left']}"

@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -146,6 +145,7 @@ def check(runner: Runner) -> None:
     costly = {n: r for n, r in got.items() if max(r["verl"][0], r["eval"][0]) >= CPU_S
               or max(r["verl"][1], r["eval"][1]) >= MEM_MB}
     assert not costly, f"as {runner.name}: completions that cost the scorer >= {CPU_S} s CPU or {MEM_MB} MB: {costly}"
+    assert all(r["honest"] > 0 for r in got.values()), f"as {runner.name}, the honest versions did not score: {got}"
     won = {n: r for n, r in got.items() if r["score"] > r["honest"]}
     assert not won, f"as {runner.name}: {won}"
     assert got["syntax_error_at_end"]["score"] < 0 and got["syntax_error_at_end"]["outcomes"] == {"syntax_error": 1}
