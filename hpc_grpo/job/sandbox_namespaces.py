@@ -9,8 +9,8 @@ The job's "isolation" (the recipe's grpo.code.isolation: "auto" or "limits-only"
   * its own network namespace: no interface is up, not even loopback, so no socket reaches anything
     (services on 127.0.0.1 and the host's abstract unix sockets belong to the host's namespace);
   * its own minimal root (a tmpfs, pivot_root, the old root detached): the system's /usr, /bin, /lib*,
-    a few files of /etc (the dynamic linker's cache, the time zone) and the Python installation's prefix,
-    all read-only; a tiny /dev (null, zero, urandom); private size-capped tmpfs on /tmp, /var/tmp and
+    a few files of /etc (the dynamic linker's cache, the time zone) and the Python installation's prefix
+    (its package folders covered: sandbox_kernel.hide_packages), all read-only; a tiny /dev (null, zero, urandom); private size-capped tmpfs on /tmp, /var/tmp and
     /dev/shm that vanish with it. Nothing else exists there: not the home folder (~/.netrc, caches),
     not the run directory or the data files that hold the expected answers, not /work, /root, /run (munge,
     Ray's sockets), Slurm's spool;
