@@ -23,14 +23,14 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from hpc_grpo.rewards.code import RewardWeights, compute_score, plan_of, run_sandbox
 from hpc_grpo.rewards.code_tests import plan_for
+from tests.unit.code_attack_blocks import ALWAYS_EQ, FIND_FRAME, GIVEN, GIVEN_PROBLEM, Row, fn, outcomes
 from tests.unix_user import USER, ensure_user
 
 ROOT = os.geteuid() == 0
@@ -42,65 +42,6 @@ ADD = json.dumps({"entry_point": "add", "tests": [
     "assert abs(add(0.1, 0.2) - 0.3) < 1e-9", "assert not add(0, 0)"]})
 IO = json.dumps({"tests": [{"stdin": "3\n", "stdout": "6\n"}, {"stdin": "5\n", "stdout": "10\n"}]})
 HUMANEVAL = ("HumanEval/0", "HumanEval/2", "HumanEval/12")  # bools; floats with abs(x - y) < tol; str or None
-# A problem whose prompt gives a helper (as HumanEval/38 gives encode_cyclic) and whose tests use builtins: the
-# "given" rows (issue 24 item 5). Through verl's path as ground truth, through HumanEval's as a problem of its own.
-GIVEN_PROBLEM = {"id": "given/decode", "entry_point": "decode", "prompt_code":
-                 'import string\n\ndef encode(s: str) -> str:\n    return s[::-1]\n\n\ndef decode(s: str) -> str:\n'
-                 '    """The inverse of encode."""\n',
-                 "tests": ["assert decode(encode('abc')) == 'abc'", "assert decode('zyx') == 'xyz'",
-                           "assert all(decode('ab'))", "assert sorted(decode('ba')) == ['a', 'b']"]}
-GIVEN = json.dumps({k: GIVEN_PROBLEM[k] for k in ("entry_point", "prompt_code", "tests")})
-
-# ---------------------------------------------------------------- building blocks of the attacks
-
-ALWAYS_EQ = '''
-class AlwaysEq:
-    def __eq__(self, other): return True
-    def __ne__(self, other): return False
-    __lt__ = __le__ = __gt__ = __ge__ = __eq__
-    def __bool__(self): return True
-    def __hash__(self): return 0
-    def __sub__(self, other): return self
-    __rsub__ = __sub__
-    def __abs__(self): return 0.0
-    def __float__(self): return 0.0
-    def __len__(self): return 0
-'''
-FIND_FRAME = '''
-import os, sys
-def _harness(name):
-    f = sys._getframe(1)
-    while f is not None:
-        if name in f.f_locals:
-            return f.f_locals
-        f = f.f_back
-    return None
-'''
-
-
-@dataclass(frozen=True)
-class Row:
-    """One attack: `honest` and `attack` are whole programs; {entry} is the function's name. kind: "function" rows
-    run on ADD and the HumanEval problems, "program" rows on IO. effect(raw sandbox report on ADD or IO) is true
-    when the attack acted. isolation: the sandbox's isolation, not the protocol, is what stops it."""
-
-    name: str
-    honest: str
-    attack: str
-    kind: str = "function"
-    effect: Callable[[dict[str, Any]], bool] | None = None
-    isolation: bool = False
-
-
-def fn(body: str, head: str = "") -> str:
-    """A program defining {entry}(*args, **kwargs) with `body`, after `head`."""
-    return head + "\ndef {entry}(*args, **kwargs):\n" + "".join(f"    {line}\n" for line in body.split("\n"))
-
-
-def outcomes(kind: str) -> Callable[[dict[str, Any]], bool]:
-    return lambda r: bool(r.get("outcomes")) and all(o and o[0] == kind for o in r["outcomes"])
-
-
 NONE = fn("return None")
 ROWS = [
     # the issue's three: an object equal to everything, an int subclass that does so, __eq__ returning itself
