@@ -65,10 +65,11 @@ def _sibling(name: str):  # noqa: ANN202 - a module
 
 
 ns = _sibling("sandbox_namespaces")
+kernel = _sibling("sandbox_kernel")
 
 
 def _limits(job: dict, n_tests: int) -> None:
-    mem = int(job["memory_mb"]) * 1024 * 1024
+    mem = kernel.address_space(int(job["memory_mb"]), int(job.get("max_procs", 32)))  # memory_mb for all together
     cpu = int(job["per_test_timeout"] * (n_tests + 1)) + 1
     for res, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_CORE, 0),
                        (resource.RLIMIT_FSIZE, 16 * 1024 * 1024), (resource.RLIMIT_NOFILE, 64)):
@@ -78,7 +79,7 @@ def _limits(job: dict, n_tests: int) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
-def _child(job: dict, report_fd: int, nonce: str, workdir: str) -> None:
+def _child(job: dict, report_fd: int, nonce: str, workdir: str, libc) -> None:  # noqa: ANN001
     """Runs in the forked process (PID 1 of its PID namespace outside limits-only), after ns.enter has isolated
     it and dropped its privileges: stdio on /dev/null, only the report pipe open, the limits, a bare environment,
     then the tests."""
@@ -90,6 +91,9 @@ def _child(job: dict, report_fd: int, nonce: str, workdir: str) -> None:
         os.closerange(3, report_fd)
         os.closerange(report_fd + 1, 1 << 16)
         os.chdir(workdir)
+        why = kernel.fresh_keyring(libc)  # every mode: the scorer's session keyring is never the code's
+        if why:
+            raise OSError(why)
         tests = job["tests"]
         _limits(job, len(tests))
         os.environ.clear()
@@ -111,6 +115,7 @@ def _run_tests(job: dict, report_fd: int, nonce: str) -> None:
     import io
 
     code, tests = job["code"], job["tests"]
+    clean = _Pristine()  # before any of the code runs
     # Bound before the code runs: code that rebinds builtins.exec, os.write or json.dumps changes nothing here.
     # (It can still reach these frames; the protocol, not this, is what keeps a forged report from scoring.)
     _exec, _eval, _compile, _write, _dumps = exec, eval, compile, os.write, json.dumps
@@ -132,26 +137,44 @@ def _run_tests(job: dict, report_fd: int, nonce: str) -> None:
             sys.stdin, sys.stdout = saved
         return out.getvalue() if stdin is not None else None
 
+    if job.get("syntax_check"):  # a long program: compiled here, before any of it runs (the scorer's CPU is shared)
+        try:
+            _compile(code, "<completion>", "exec")
+        except SyntaxError as exc:
+            report(f"error 0 compile {max(0, int(exc.lineno or 1))} {max(0, int(exc.offset or 1))}")
+            return
+        except BaseException:  # noqa: BLE001 - null bytes (ValueError), absurd nesting
+            report("error 0 compile 0 0")
+            return
     io_tests = any(isinstance(t, dict) and "stdin" in t for t in tests)
     glb: dict = {"__name__": "__main__" if io_tests else "solution"}
+    given: dict = clean.namespace("given")
+    prelude: dict = clean.namespace("tests")
     if not io_tests:  # function tests: define once, then each test sees the definitions
         try:
             run(job.get("setup", "") + "\n" + code, None, glb)
+            if job.get("given"):  # what the prompt gives, again after the code: the code cannot redefine it
+                clean.restore()
+                run(job["given"], None, given)
+                glb.update(clean.names(given))
             if job.get("prelude"):
-                run(job["prelude"], None, glb)
+                clean.restore()
+                run(job["prelude"], None, prelude)
         except BaseException as exc:  # noqa: BLE001 - any failure of the program is a score, not a crash
             report(f"error 0 {_name(exc)}")
             return
     report("ok 0")
+    entry = job.get("entry") or ""
     for i, test in enumerate(tests, start=1):
         test = test if isinstance(test, dict) else {"exec": test}
+        clean.restore()
         try:
             if "call" in test:
-                value = _eval(_compile(test["call"], "<test>", "eval"), glb)
+                value = _eval(_compile(test["call"], "<test>", "eval"), clean.test_globals(glb, given, prelude, entry))
             elif "stdin" in test:
                 value = run(code, str(test["stdin"]), {"__name__": "__main__"})
             else:
-                run(test["exec"], None, glb)
+                run(test["exec"], None, clean.test_globals(glb, given, prelude, entry))
                 report(f"ok {i}")
                 continue
         except BaseException as exc:  # noqa: BLE001 - AssertionError, SystemExit, MemoryError, ...
@@ -166,6 +189,49 @@ def _run_tests(job: dict, report_fd: int, nonce: str) -> None:
             report(f"unencodable {i} {_name(value)}")
             continue
         report(f"value {i} {payload}")
+
+
+class _Pristine:
+    """What the tests run with, captured before the code runs and restored before each phase: the builtins, the
+    modules checks use (random, math), no trace or profile hook. Each test gets fresh globals holding these
+    builtins, the prelude's and the prompt's names, and the solution's names except those that shadow a builtin
+    (`all = lambda x: True` in the solution's module reaches no test). What Python cannot protect (a test that
+    runs whole beside the code: its frame, its constants, a trace hook set during the call) is in docs/guide.md."""
+
+    def __init__(self) -> None:
+        import builtins
+        import math
+        import random
+
+        self.builtins = dict(builtins.__dict__)
+        self.modules = [(m.__dict__, dict(m.__dict__)) for m in (builtins, random, math)]
+        self.hooks = (sys.settrace, sys.setprofile)
+        self.reseed = random.seed
+
+    def restore(self) -> None:
+        for live, saved in self.modules:
+            live.update(saved)
+        for hook in self.hooks:
+            hook(None)
+        threading = sys.modules.get("threading")
+        if threading is not None:  # its hooks for threads started later
+            threading._trace_hook = threading._profile_hook = None
+        self.reseed()  # a seed the code set no longer decides a check's random inputs
+
+    def namespace(self, name: str) -> dict:
+        return {"__builtins__": dict(self.builtins), "__name__": name}
+
+    def names(self, space: dict) -> dict:
+        """A namespace's own names (no dunders), those that shadow a builtin left out."""
+        return {k: v for k, v in space.items() if not k.startswith("__") and k not in self.builtins}
+
+    def test_globals(self, solution: dict, given: dict, prelude: dict, entry: str) -> dict:
+        out = self.namespace("tests")
+        for space in (solution, given, prelude):
+            out.update(self.names(space))
+        if entry in solution:
+            out[entry] = solution[entry]
+        return out
 
 
 def _name(obj: object) -> str:
@@ -244,8 +310,8 @@ def supervise(job: dict) -> dict:
     if pid == 0:
         os.close(read_fd)
         os.close(ready_r)
-        ns.enter(libc, mode, uid, ready_w)
-        _child(job, write_fd, nonce, workdir)  # ns.enter made the pool uid the code's already
+        ns.enter(libc, mode, uid, ready_w, lambda: kernel.ipc_limits() or kernel.hide_packages(libc))
+        _child(job, write_fd, nonce, workdir, libc)  # ns.enter made the pool uid the code's already
         os._exit(0)  # not reached
     os.close(write_fd)
     os.close(ready_w)
@@ -384,9 +450,24 @@ def _collect(read_fd: int, reports: _Reports, per_test: float, wall_end: float) 
 
 
 def main() -> int:
-    report = ns.probe() if sys.argv[1:] == ["--probe"] else supervise(json.loads(sys.stdin.read()))
-    sys.stdout.write(json.dumps(report) + "\n")
-    sys.stdout.flush()
+    """--probe: one JSON line. A job: one line per test (`V i payload` for a value, as the child sent it; `O i
+    JSON` for any other outcome), then `S JSON`, the summary: the scorer reads them one at a time, each capped
+    (hpc_grpo/rewards/code_report.py)."""
+    if sys.argv[1:] == ["--probe"]:
+        sys.stdout.write(json.dumps(ns.probe()) + "\n")
+        sys.stdout.flush()
+        return 0
+    report = supervise(json.loads(sys.stdin.buffer.read()))
+    out = sys.stdout.buffer
+    for i, outcome in enumerate(report.pop("outcomes")):
+        if outcome is None:
+            continue
+        if outcome[0] == "value":
+            out.write(b"V %d %s\n" % (i, outcome[1].encode("utf-8")))
+        else:
+            out.write(b"O %d %s\n" % (i, json.dumps(outcome).encode()))
+    out.write(b"S " + json.dumps(report).encode() + b"\n")
+    out.flush()
     return 0
 
 

@@ -9,8 +9,8 @@ The job's "isolation" (the recipe's grpo.code.isolation: "auto" or "limits-only"
   * its own network namespace: no interface is up, not even loopback, so no socket reaches anything
     (services on 127.0.0.1 and the host's abstract unix sockets belong to the host's namespace);
   * its own minimal root (a tmpfs, pivot_root, the old root detached): the system's /usr, /bin, /lib*,
-    a few files of /etc (the dynamic linker's cache, the time zone) and the Python installation's prefix,
-    all read-only; a tiny /dev (null, zero, urandom); private size-capped tmpfs on /tmp, /var/tmp and
+    a few files of /etc (the dynamic linker's cache, the time zone) and the Python installation's prefix
+    (its package folders covered: sandbox_kernel.hide_packages), all read-only; a tiny /dev (null, zero, urandom); private size-capped tmpfs on /tmp, /var/tmp and
     /dev/shm that vanish with it. Nothing else exists there: not the home folder (~/.netrc, caches),
     not the run directory or the data files that hold the expected answers, not /work, /root, /run (munge,
     Ray's sockets), Slurm's spool;
@@ -20,6 +20,8 @@ The job's "isolation" (the recipe's grpo.code.isolation: "auto" or "limits-only"
   * no privilege: root's path switches to a uid of its own from a locked pool (root ignores RLIMIT_NPROC, a
     pool uid does not, and owns no file); userns's drops every capability it held in its namespace and caps
     that namespace's nested user namespaces at 0; both set no_new_privs and empty the capability bounding set.
+  * its own IPC namespace and session keyring (sandbox_kernel.py): no SysV or POSIX IPC object, no key of
+    the scorer's, and nothing of one sample's left for the next;
 - limits-only (grpo.code.isolation=limits-only: the recipe's explicit consent): the runner's limits and the kill
   of every process the code started (the runner is their child subreaper, so setsid daemons die too), but
   the code runs with the user's own rights: it reads what the user reads and reaches the network.
@@ -47,6 +49,7 @@ import time
 
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000  # its own SysV and POSIX IPC (sandbox_kernel.py caps it)
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -126,7 +129,7 @@ def _isolate(libc: ctypes.CDLL, mode: str) -> str:
 def _enter_root(libc: ctypes.CDLL, uid: int | None) -> str:
     """The child's side (PID 1 of the new PID namespace): own mount and network namespaces, the minimal root
     built at STAGE, its own /proc, then pivot_root into it with the old root detached. '' or why not."""
-    why = _unshare(libc, CLONE_NEWNS | CLONE_NEWNET) or _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+    why = _unshare(libc, CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC) or _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
     if why:
         return why
     shown = [p for p in SYSTEM if os.path.lexists(p)] + [f"/etc/{n}" for n in ETC if os.path.lexists(f"/etc/{n}")]
@@ -427,13 +430,14 @@ def prepare(job: dict, libc: ctypes.CDLL, deadline: float) -> tuple[str, int | N
     return mode, uid, WORKDIR, _isolate(libc, mode)
 
 
-def enter(libc: ctypes.CDLL, mode: str, uid: int | None, ready_fd: int) -> None:
+def enter(libc: ctypes.CDLL, mode: str, uid: int | None, ready_fd: int, harden=lambda: "") -> None:  # noqa: ANN001
     """The child's isolation, before _child runs anything of the job: tells the runner '' or why not on
-    ready_fd and exits on failure (the code never runs half-isolated)."""
+    ready_fd and exits on failure (the code never runs half-isolated). harden(): what must be set while the
+    child still holds its capabilities, inside its new namespaces (the IPC caps: sandbox_kernel.py)."""
     why = ""
     if mode != "limits-only":
         try:
-            why = _enter_root(libc, uid) or _drop_privileges(libc, uid)
+            why = _enter_root(libc, uid) or harden() or _drop_privileges(libc, uid)
         except OSError as exc:
             why = f"{exc.filename or ''}: {exc.strerror}"
         except Exception as exc:  # noqa: BLE001 - whatever it is, the code must not run half-isolated

@@ -121,6 +121,17 @@ def nodes_are_this_machine(spec: RunSpec) -> bool:
 
 
 def check_code_isolation(spec: RunSpec) -> tuple[str | None, list[Finding]]:
+    """The isolation (_code_isolation) and what caps the sandbox's memory, on one line."""
+    line, findings = _code_isolation(spec)
+    if line is None:
+        return line, findings
+    from hpc_grpo.job.sandbox_kernel import memory_rule
+    from hpc_grpo.rewards.code import RewardWeights
+
+    return f"{line}; {memory_rule(spec.recipe.grpo.code.memory_mb, RewardWeights().max_procs)}", findings
+
+
+def _code_isolation(spec: RunSpec) -> tuple[str | None, list[Finding]]:
     """What the code sandbox will have on the compute nodes (hpc_grpo/cluster/isolation.py) and whether the
     reward will refuse there. Probed when the nodes are this machine (~20 ms, once per process); on a remote
     cluster the job probes each node at its start and prints the result in its log."""

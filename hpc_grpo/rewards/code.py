@@ -28,19 +28,22 @@ name=compute_score, weights as reward_kwargs. Stdlib only at import time.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from hpc_grpo.cluster import isolation
-from hpc_grpo.rewards.code_tests import PlannedTests, judge, plan_for, plan_tests
+from hpc_grpo.rewards.code_report import read_report
+from hpc_grpo.rewards.code_tests import PlannedTests, plan_for, plan_tests
+from hpc_grpo.rewards.code_values import Budget, judge
 from hpc_grpo.rewards.gsm8k import completion_text
 
 __all__ = [
@@ -65,8 +68,11 @@ SANDBOX = Path(__file__).resolve().parents[1] / "job" / "code_sandbox.py"
 # per completion) but reads a module's cached bytecode (__pycache__, written where the checkout is writable).
 _BOOT = ("import importlib.util as u,sys;s=u.spec_from_file_location('code_sandbox',sys.argv[1]);"
          "m=u.module_from_spec(s);sys.modules['code_sandbox']=m;s.loader.exec_module(m);sys.exit(m.main())")
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
-_CODE_HINT = re.compile(r"^\s*(def |class |import |from |return\b|for |while |if |print\()|=|\(", re.M)
+_PY_LANGS = ("python", "py", "python3")
+_LANG_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+-")
+_HINT_STARTS = ("def ", "class ", "import ", "from ", "for ", "while ", "if ", "print(")
+LOCAL_SYNTAX_MAX = 64 << 10  # chars of program the scorer parses itself; longer: the sandbox compiles it (its CPU)
+STYLE_MAX = 64 << 10  # chars of code pyflakes reads here; longer code gets style 0
 
 
 @dataclass(frozen=True)
@@ -99,15 +105,64 @@ class CodeScore:
 
 def extract_code(text: str) -> str | None:
     """The code in a completion: the first ```python block (else the first fenced block), else the
-    whole text when it looks like code; None when there is nothing code-like."""
-    blocks = _FENCE.findall(text)
-    if blocks:
-        py = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3")]
-        code = (py or [body for _, body in blocks])[0]
-        return code if code.strip() else None
-    if not text.strip() or not _CODE_HINT.search(text):
+    whole text when it looks like code; None when there is nothing code-like. Linear in the text (str.find,
+    no regex): the completion is the policy's, and this runs in the trainer."""
+    first = None
+    for lang, body in _fences(text):
+        if lang.lower() in _PY_LANGS:
+            return body if body.strip() else None
+        if first is None:
+            first = body
+    if first is not None:
+        return first if first.strip() else None
+    if not text.strip() or not _looks_like_code(text):
         return None
     return text
+
+
+def _fences(text: str) -> Iterator[tuple[str, str]]:
+    """(language, body) of each fenced block: ``` then a language word and the rest of its line; the body runs
+    to the next ``` or the end of the text."""
+    pos = 0
+    while True:
+        start = text.find("```", pos)
+        if start < 0:
+            return
+        newline = text.find("\n", start + 3)
+        if newline < 0:  # no line ends after this fence: no later fence can open a block either
+            return
+        head = text[start + 3:min(newline, start + 3 + 64)].lstrip(" \t")
+        n = 0
+        while n < len(head) and head[n] in _LANG_CHARS:
+            n += 1
+        end = text.find("```", newline + 1)
+        yield head[:n], text[newline + 1:end if end >= 0 else len(text)]
+        if end < 0:
+            return
+        pos = end + 3
+
+
+def _looks_like_code(text: str) -> bool:
+    """An `=` or `(` anywhere, or a line starting (after blanks) with a Python keyword."""
+    if "=" in text or "(" in text:
+        return True
+    for line in text.split("\n"):
+        stripped = line.lstrip()
+        if stripped.startswith(_HINT_STARTS) or (stripped.startswith("return") and not stripped[6:7].isidentifier()
+                                                 and not stripped[6:7].isdigit()):
+            return True
+    return False
+
+
+def _defines(code: str, name: str) -> bool:
+    """Some line of `code` is `def name(` (blanks allowed around the words): a linear scan, no regex."""
+    for line in code.split("\n"):
+        stripped = line.lstrip()
+        if stripped.startswith("def") and stripped[3:4].isspace():
+            rest = stripped[3:].lstrip()
+            if rest.startswith(name) and rest[len(name):].lstrip().startswith("("):
+                return True
+    return False
 
 
 def parse_ground_truth(ground_truth: Any) -> dict[str, Any]:
@@ -125,12 +180,30 @@ def _syntax(code: str) -> float | None:
         ast.parse(code)
         return None
     except SyntaxError as exc:
-        lines = code.split("\n")
-        lineno = max(1, min(exc.lineno or 1, len(lines)))
-        before = sum(len(line) + 1 for line in lines[:lineno - 1]) + max(0, (exc.offset or 1) - 1)
-        return min(1.0, before / max(1, len(code)))
+        return _share(code, exc.lineno or 1, exc.offset or 1)
     except (ValueError, RecursionError, MemoryError):  # null bytes, absurd nesting
         return 0.0
+
+
+def _share(code: str, lineno: int, offset: int) -> float:
+    """The share of `code` before line `lineno`, column `offset` (1-based): where its syntax error is."""
+    pos = 0
+    for _ in range(max(0, lineno - 1)):
+        nxt = code.find("\n", pos)
+        if nxt < 0:
+            break
+        pos = nxt + 1
+    return min(1.0, (pos + max(0, offset - 1)) / max(1, len(code)))
+
+
+def _reported_syntax(code: str, report: dict[str, Any]) -> float | None:
+    """The sandbox's compile error of a long program (`error` "compile LINE COL"): its parsed share. It is
+    reported before any of the code runs; forged later, it only lowers the completion's own score."""
+    words = str(report.get("error", "")).split()
+    if report.get("status") != "program_error" or words[:1] != ["compile"]:
+        return None
+    nums = [int(w) for w in words[1:3] if w.isdigit() and len(w) < 10]
+    return _share(code, *nums) if len(nums) == 2 else 0.0
 
 
 def style_score(code: str) -> float | None:
@@ -155,10 +228,25 @@ def _program(code: str, gt: dict[str, Any]) -> str:
     entry = gt.get("entry_point")
     if not (prompt_code and entry):
         return code
-    if not re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.M):
+    if not _defines(code, entry):
         return prompt_code + code
     imports = [line for line in prompt_code.split("\n") if re.match(r"(import|from)\s+\w", line)]
     return "\n".join(imports + [code]) if imports else code
+
+
+@functools.lru_cache(maxsize=1024)
+def given_code(prompt_code: str, entry: str) -> str:
+    """What the prompt gives besides the entry point's stub (imports, helpers such as HumanEval/38's
+    encode_cyclic): run again after the completion, in a namespace of its own, so a completion cannot redefine
+    what the problem gives (an identity `encode` beside an identity `decode`). The prompt is trusted text."""
+    try:
+        module = ast.parse(prompt_code)
+    except (SyntaxError, ValueError, RecursionError):
+        return ""
+    body = [s for s in module.body if not (isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == entry)]
+    if not any(isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign)) for s in body):
+        return ""  # imports alone: the program has them already
+    return ast.unparse(ast.Module(body=body, type_ignores=[]))
 
 
 def plan_of(ground_truth: Any, gt: dict[str, Any] | None = None) -> PlannedTests:
@@ -171,45 +259,37 @@ def plan_of(ground_truth: Any, gt: dict[str, Any] | None = None) -> PlannedTests
     return plan_for(gt if gt is not None else parse_ground_truth(ground_truth))
 
 
-def run_sandbox(code: str, gt: dict[str, Any], plan: PlannedTests, weights: RewardWeights = RewardWeights()) -> dict[str, Any]:
-    """Run the sandbox once (a fresh process): its raw report, one outcome per test (nothing judged yet)."""
+def run_sandbox(code: str, gt: dict[str, Any], plan: PlannedTests, weights: RewardWeights = RewardWeights(),
+                on_outcome: Callable[[int, Any], Any] | None = None, syntax_check: bool = False) -> dict[str, Any]:
+    """Run the sandbox once (a fresh process): its report, one outcome per test (raw, or what on_outcome(i, raw)
+    made of it: each raw outcome, up to a MiB, is dropped once judged). The runner's output is read a line at a
+    time, each line and the whole capped in bytes before parsing (sandbox_report.read_report)."""
     isolation.require(weights.isolation)  # IsolationRefused: auto, and this node gives the sandbox no namespaces
     tests = [t.job for t in plan.tests]
     job = {"code": code, "tests": tests, "setup": gt.get("setup", ""), "prelude": plan.prelude,
            "per_test_timeout": weights.per_test_timeout, "memory_mb": weights.memory_mb, "max_procs": weights.max_procs,
-           "isolation": weights.isolation}
+           "isolation": weights.isolation, "syntax_check": syntax_check,
+           "entry": gt.get("entry_point") or "", "given": given_code(gt.get("prompt_code") or "", gt.get("entry_point") or "") if gt.get("entry_point") else ""}
     outer = weights.per_test_timeout * (len(tests) + 2) + 10.0
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOT, str(SANDBOX)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd="/",
                             env=isolation.sandbox_env())
-    try:
-        out, err = proc.communicate(json.dumps(job).encode(), timeout=outer)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.communicate()
-        report: dict[str, Any] = {"status": "sandbox_error", "error": "runner timed out"}
-    else:
-        try:
-            report = json.loads(out.decode().strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            report = {"status": "sandbox_error",
-                      "error": (err.decode(errors="replace")[-300:] or f"runner exit {proc.returncode}")}
-    return report
+    return read_report(proc, json.dumps(job).encode(), len(tests), outer, on_outcome)
 
 
 def run_tests(code: str, gt: dict[str, Any], weights: RewardWeights = RewardWeights(),
-              plan: PlannedTests | None = None) -> dict[str, Any]:
-    """Run the sandbox and judge its outputs here: the sandbox's report plus passed, total, weak and the
-    failed tests' numbers (its raw outputs are dropped)."""
+              plan: PlannedTests | None = None, syntax_check: bool = False) -> dict[str, Any]:
+    """Run the sandbox and judge its outputs here, as they arrive: the sandbox's report plus passed, total, weak
+    and the failed tests' numbers (its raw outputs are dropped)."""
     plan = plan or plan_for(gt)
     tests = plan.tests
-    report = run_sandbox(code, gt, plan, weights)
-    outcomes = report.pop("outcomes", None)
-    if not isinstance(outcomes, list) or len(outcomes) != len(tests):
-        outcomes = [None] * len(tests)  # a report of another shape counts nothing
-    passed = [judge(t, o) for t, o in zip(tests, outcomes)]
-    report.update(passed=sum(passed), total=len(tests), weak=plan.weak,
-                  failed=[i for i, ok in enumerate(passed, start=1) if not ok])
+    budget = Budget()
+    report = run_sandbox(code, gt, plan, weights, lambda i, o: judge(tests[i], o, budget), syntax_check)
+    passed = report.pop("outcomes", None)
+    if not isinstance(passed, list) or len(passed) != len(tests):
+        passed = [False] * len(tests)  # a report of another shape counts nothing
+    report.update(passed=sum(p is True for p in passed), total=len(tests), weak=plan.weak,
+                  failed=[i for i, ok in enumerate(passed, start=1) if ok is not True])
     return report
 
 
@@ -222,14 +302,17 @@ def score_completion(text: str, ground_truth: Any, weights: RewardWeights = Rewa
     if code is None:
         return CodeScore(-weights.no_code_penalty, "no_code", total=total, weak=weak)
     program = _program(code, gt)
-    parsed = _syntax(program)
+    local = len(program) <= LOCAL_SYNTAX_MAX  # a longer program is compiled in the sandbox, on its CPU and memory
+    parsed = _syntax(program) if local else None
+    if parsed is None:
+        report = run_tests(program, gt, weights, plan, syntax_check=not local)
+        parsed = None if local else _reported_syntax(program, report)
     if parsed is not None:
         return CodeScore(-weights.syntax_penalty * (1.0 - 0.5 * parsed), "syntax_error", total=total, weak=weak,
                          detail={"parsed_share": round(parsed, 3)})
-    report = run_tests(program, gt, weights, plan)
     passed = int(report["passed"])
     frac = passed / total if total else 0.0
-    style = style_score(code) if weights.style_weight else None
+    style = style_score(code) if weights.style_weight and len(code) <= STYLE_MAX else (0.0 if weights.style_weight else None)
     score = weights.pass_weight * frac + (weights.style_weight * style if style is not None and passed else 0.0)
     status = report.get("status", "ok")
     kind = ("passed" if passed == total else "failed") if status == "ok" else status

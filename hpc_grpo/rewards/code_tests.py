@@ -22,7 +22,8 @@ boolean operator inside, so no expected value rides along in its source. HumanEv
 what cannot be split there (loops, helper variables, property checks) stays one test of its own.
 Tests that cannot be split run as before, in the completion's interpreter ("weak" tests, counted per
 problem in the reward's report): such a test's pass/fail is reported from inside the process the code
-controls. stdin/stdout tests send only stdin; the scorer compares the printed text.
+controls. stdin/stdout tests send only stdin; the scorer compares the printed text. How the scorer decodes
+and compares what comes back, at a cost the completion cannot raise: hpc_grpo/rewards/code_values.py.
 Stdlib only.
 """
 
@@ -31,20 +32,18 @@ from __future__ import annotations
 import ast
 import copy
 import json
-import math
 import operator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+
+from hpc_grpo.rewards.code_values import decode_value, encoded_len, judge
 
 __all__ = ["CodeTest", "PlannedTests", "plan_tests", "plan_for", "decode_value", "judge", "trusted_value", "NotConstant"]
 
 MAX_DEPTH = 100  # nesting of a returned value (the sandbox refuses deeper values too)
 _OP_NAMES = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.In: "in",
              ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
-_BY_NAME = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
-            ">=": operator.ge, "is": operator.is_, "is not": operator.is_not,
-            "in": lambda a, b: a in b, "not in": lambda a, b: a not in b}
 _SINGLETONS = (None, True, False)
 _PLAIN_LEAVES = (type(None), bool, int, float, complex, str, bytes)
 
@@ -272,7 +271,7 @@ def _split_expr(expr: ast.AST, local: frozenset[str], rename: dict[str, str]) ->
                 continue
             if name in ("is", "is not") and not any(exp is s for s in _SINGLETONS):
                 raise NotConstant("'is' with a value that is not None, True or False")
-            return CodeTest(call(hole), ("cmp", name, exp, hole_left))
+            return CodeTest(call(hole), ("cmp", name, exp, hole_left, encoded_len(exp)))
         raise NotConstant("no constant side")
     if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "isclose" \
             and isinstance(expr.func.value, ast.Name) and expr.func.value.id == "math" and len(expr.args) == 2:
@@ -400,88 +399,3 @@ def plan_for(gt: dict[str, Any]) -> PlannedTests:
 def plan_tests(ground_truth_json: str) -> PlannedTests:
     """plan_for, cached on the ground-truth text (GRPO scores n completions of each prompt)."""
     return plan_for(json.loads(ground_truth_json))
-
-
-# ---------------------------------------------------------------- the scorer's side of a test
-
-def decode_value(payload: str) -> Any:
-    """The sandbox's encoding of one returned value -> the value, built here from exact builtins.
-    JSON null/true/false/numbers/strings/arrays are themselves; {"t": [..]} tuple, {"s": [..]} set,
-    {"f": [..]} frozenset, {"d": [[k, v], ..]} dict, {"b": hex} bytes, {"c": [re, im]} complex, {"i": hex} an
-    int too large for decimal JSON.
-    Raises ValueError for anything else (a forged or damaged report)."""
-    try:
-        raw = json.loads(payload)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-    return _untag(raw, 0)
-
-
-def _untag(x: Any, depth: int) -> Any:
-    if depth > MAX_DEPTH:
-        raise ValueError("nested too deeply")
-    t = type(x)
-    if x is None or t in (bool, int, float, str):
-        return x
-    if t is list:
-        return [_untag(v, depth + 1) for v in x]
-    if t is dict and len(x) == 1:
-        (tag, body), = x.items()
-        if tag == "b" and type(body) is str:
-            return bytes.fromhex(body)
-        if tag == "i" and type(body) is str and body.lstrip("-").startswith("0x"):
-            return int(body, 16)
-        if tag == "c" and type(body) is list and len(body) == 2 and all(type(v) in (int, float) for v in body):
-            return complex(body[0], body[1])
-        if type(body) is list:
-            items = [_untag(v, depth + 1) for v in body]
-            try:
-                if tag == "t":
-                    return tuple(items)
-                if tag == "s":
-                    return set(items)
-                if tag == "f":
-                    return frozenset(items)
-                if tag == "d" and all(type(p) is list and len(p) == 2 for p in items):
-                    return {k: v for k, v in items}
-            except TypeError:  # an unhashable key
-                raise ValueError("unhashable set element or dict key") from None
-    raise ValueError(f"not an encoded value: {type(x).__name__}")
-
-
-def _compare(check: tuple[Any, ...], got: Any) -> bool:
-    kind = check[0]
-    if kind == "cmp":
-        _, name, exp, hole_left = check
-        fn = _BY_NAME[name]
-        return bool(fn(got, exp) if hole_left else fn(exp, got))
-    if kind == "close":
-        _, fn, exp, name, tol = check
-        if type(got) not in (int, float, complex, bool):
-            return False
-        diff = math.fabs(got - exp) if fn == "fabs" else abs(got - exp)
-        return bool(_BY_NAME[name](diff, tol))
-    if kind == "isclose":
-        _, exp, kwargs = check
-        return type(got) in (int, float, bool) and math.isclose(got, exp, **dict(kwargs))
-    if kind == "truth":
-        return bool(got) is check[1]
-    if kind == "stdout":
-        return type(got) is str and got.split() == check[1].split()
-    return False
-
-
-def judge(test: CodeTest, outcome: Any) -> bool:
-    """Did the test pass, given the sandbox's outcome for it: ["value", payload] for calls and stdin tests,
-    ["ok"] for a weak test that raised nothing; anything else (raised, unencodable, too large, reported
-    twice, missing) fails."""
-    if not isinstance(outcome, list) or not outcome:
-        return False
-    if test.check[0] == "ok":
-        return outcome == ["ok"]
-    if outcome[0] != "value" or len(outcome) != 2 or not isinstance(outcome[1], str):
-        return False
-    try:
-        return _compare(test.check, decode_value(outcome[1]))
-    except (ValueError, TypeError, ArithmeticError, RecursionError, MemoryError):
-        return False

@@ -187,6 +187,7 @@ def test_fallback_without_namespaces(tmp_path: Path) -> None:
     import sys
 
     from hpc_grpo.rewards.code import SANDBOX
+    from hpc_grpo.rewards.code_report import read_report
 
     pids = tmp_path / "pids"  # limits-only: the code can write there; every process it starts notes its pid
     code = (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
@@ -194,9 +195,9 @@ def test_fallback_without_namespaces(tmp_path: Path) -> None:
     job = {"code": code,
            "tests": [{"call": "add(1, 2)"}, {"exec": "while True: pass"}, {"call": "add(0, 0)"}],
            "per_test_timeout": 0.5, "memory_mb": 512, "isolation": "limits-only"}
-    out = subprocess.run([sys.executable, "-I", "-S", str(SANDBOX)], input=json.dumps(job), capture_output=True,
-                         text=True, timeout=30)
-    report = json.loads(out.stdout)
+    proc = subprocess.Popen([sys.executable, "-I", "-S", str(SANDBOX)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    report = read_report(proc, json.dumps(job).encode(), len(job["tests"]), 30)
     assert report["isolation"] == "limits-only" and report["status"] == "timeout"
     assert (report["outcomes"], report["total"], report["timed_out_in"]) == ([["value", "3"], None, None], 3, 2)
     assert report["seconds"] < 3

