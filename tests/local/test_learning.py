@@ -12,11 +12,20 @@ mean by at most 1/(samples per step x k) = 1/(32 x 4) < 0.01.
 The runs go through the product's front door (`hpc-grpo submit ... cluster=local --wait`): trl on the dev venv,
 verl's real trainer on .venv-verl (HPC_GRPO_VERL_VENV) with hpc-grpo's HF sampler, and with verl's own vLLM rollout
 on vLLM's CPU build, LoRA and full weights with the KL loss. verl on 2 Slurm nodes: tests/slurm/test_verl_lifecycle.py.
+
+Two more things ride on these runs (each verl start costs a minute or two of CI):
+- the vLLM LoRA case is the README's tiny-verl command as typed, from `.venv`'s hpc-grpo with no `cluster.setup.venv`:
+  the job must run the checkout's `.venv-verl` (the submitting interpreter cannot run verl) and say so;
+- every verl case submits from a HOME holding a stray `~/.ray/auth_token`, as a driver that once started its own Ray
+  leaves on a shared home: every Ray of the job must still agree on one authentication mode
+  (hpc_grpo.job.node_plan.auth_mode), and the launch path (Ray head on 127.0.0.2 in the job's port block, teardown
+  order) is checked on the job's log.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,8 +36,11 @@ from tests.conftest import require_gsm8k
 
 REPO = Path(__file__).resolve().parents[2]
 VERL_VENV = Path(os.environ.get("HPC_GRPO_VERL_VENV") or REPO / ".venv-verl")
+DEV_CLI = REPO / ".venv" / "bin" / "hpc-grpo"
 MARGIN = 0.03
 STEPS = 16
+STRAY_TOKEN = "stray-token-from-an-earlier-local-ray-0123456789abcdef"
+LOG_TS = re.compile(r"^hpc-grpo: \[(\d+\.\d+)\] (.*)$", re.M)
 
 
 def _verl_venv(sampler: str) -> Path:
@@ -46,8 +58,9 @@ def _verl_venv(sampler: str) -> Path:
     return VERL_VENV
 
 
-def train(tmp_path: Path, recipe: str, *overrides: str) -> Path:
-    """Train `recipe` on cluster=local through the CLI; the run directory."""
+def train(tmp_path: Path, recipe: str, *overrides: str, cli: list[str] | None = None) -> tuple[Path, str]:
+    """Train `recipe` on cluster=local through the CLI (this interpreter's, or `cli`); the run directory and what
+    the CLI printed."""
     from hpc_grpo.data.gsm8k import prepare_gsm8k
     from hpc_grpo.data.tiny_model import ensure_tiny_model
 
@@ -57,8 +70,11 @@ def train(tmp_path: Path, recipe: str, *overrides: str) -> Path:
     drop = {"WANDB_API_KEY", "HF_TOKEN", "HPC_GRPO_PATH", "RAY_ADDRESS", "RAY_AUTH_MODE", "VIRTUAL_ENV",
             "SLURM_JOB_ID", "SLURM_CONF"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(HOME=str(tmp_path / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    argv = [sys.executable, "-m", "hpc_grpo.cli.app", "submit", f"recipe={recipe}", "cluster=local",
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text(STRAY_TOKEN)
+    env.update(HOME=str(home), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    argv = [*(cli or [sys.executable, "-m", "hpc_grpo.cli.app"]), "submit", f"recipe={recipe}", "cluster=local",
             f"cluster.runs_root={tmp_path / 'runs'}", f"model.path={model}", f"data.train_files={files[0]}",
             f"data.val_files={files[1]}", f"train.total_training_steps={STEPS}", "eval.enabled=false",
             *overrides, "--name", "learn", "--wait"]
@@ -67,7 +83,21 @@ def train(tmp_path: Path, recipe: str, *overrides: str) -> Path:
     run = tmp_path / "runs" / "learn"
     logs = "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted((run / "submitit").glob("*_log.*")))
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:], logs)
-    return run
+    assert (home / ".ray" / "auth_token").read_text() == STRAY_TOKEN  # someone else's file: left alone
+    return run, " ".join((proc.stdout + proc.stderr).split())
+
+
+def assert_launch_path(run: Path) -> None:
+    """No Slurm: the job's Ray on 127.0.0.2 in its own port block, torn down in order, no auth error."""
+    out = "\n".join(p.read_text(errors="replace") for p in sorted((run / "submitit").glob("*_0_log.out")))
+    job_id = next(p.name.split("_")[0] for p in (run / "submitit").glob("*_0_log.out"))
+    base = 20000 + (int(job_id) % 30) * 400
+    events = [msg for _, msg in LOG_TS.findall(out)]
+    assert f"starting the Ray head on {os.uname().nodename} (127.0.0.2:{base}) for 1 node(s)" in events, events
+    assert "all 1 node(s) joined; starting the driver" in events and "driver exited with status 0" in events
+    assert events[-1] == "Ray head stopped", events[-5:]
+    err = "\n".join(p.read_text(errors="replace") for p in sorted((run / "submitit").glob("*_0_log.err")))
+    assert "InvalidAuthToken" not in out + err
 
 
 def assert_learns(run: Path) -> list[float]:
@@ -85,7 +115,7 @@ def assert_learns(run: Path) -> list[float]:
 
 
 def test_trl_learns(tmp_path: Path) -> None:
-    assert_learns(train(tmp_path, "tiny-gsm8k"))
+    assert_learns(train(tmp_path, "tiny-gsm8k")[0])
 
 
 @pytest.mark.parametrize("sampler, weights", [
@@ -96,8 +126,15 @@ def test_trl_learns(tmp_path: Path) -> None:
 def test_verl_learns(tmp_path: Path, sampler: str, weights: str) -> None:
     venv = _verl_venv(sampler)
     extra = ["lora.rank=0", "grpo.lr=1e-2", "grpo.kl_loss=true"] if weights == "full" else []
-    run = train(tmp_path, "tiny-verl", f"cluster.setup.venv={venv}", f"rollout.name={sampler}", *extra)
+    readme = sampler == "vllm" and weights == "lora" and venv == REPO / ".venv-verl" and DEV_CLI.exists()
+    if readme:  # tiny-verl as the README types it: .venv's hpc-grpo, the job finds the checkout's .venv-verl
+        run, said = train(tmp_path, "tiny-verl", cli=[str(DEV_CLI)])
+        assert f"python: {venv}/bin/python (the checkout's .venv-verl: the submitting interpreter" in said, said[:2000]
+        assert f"python: {venv}/bin/python" in (run / "spec.yaml").read_text()
+    else:
+        run, _ = train(tmp_path, "tiny-verl", f"cluster.setup.venv={venv}", f"rollout.name={sampler}", *extra)
     assert_learns(run)
+    assert_launch_path(run)
     from hpc_grpo.runstate.metrics import logged_metrics
 
     # The sampler samples from the weights the trainer scores (with the adapter, for LoRA): verl compares each
