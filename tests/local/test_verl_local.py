@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.verl_data import TRAIN_ROWS, head_parquet
+
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("HPC_GRPO_VERL_VENV") or REPO / ".venv-verl")
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
@@ -47,13 +49,14 @@ def test_a_dead_vllm_engine_ends_the_job_and_resume_goes_on(tmp_path: Path) -> N
     venv = _venv()
     model = ensure_tiny_model(tmp_path / "models" / "tiny-qwen2")
     data = prepare_gsm8k(GSM8K, tmp_path / "data")
+    train = head_parquet(data.verl_train, tmp_path / "train.parquet", rows=TRAIN_ROWS)
     env = {k: v for k, v in os.environ.items() if k not in {"WANDB_API_KEY", "HF_TOKEN", "RAY_ADDRESS", "VIRTUAL_ENV"}}
     env.update(HOME=str(tmp_path / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     runs_root = tmp_path / "runs"
     cli = [sys.executable, "-m", "hpc_grpo.cli.app"]
     steps = 4
     submit = [*cli, "submit", "recipe=tiny-verl", "cluster=local", "rollout.name=vllm", f"cluster.setup.venv={venv}",
-              f"cluster.runs_root={runs_root}", f"model.path={model}", f"data.train_files={data.verl_train}",
+              f"cluster.runs_root={runs_root}", f"model.path={model}", f"data.train_files={train}",
               f"data.val_files={data.verl_test}", f"train.total_training_steps={steps}", "eval.enabled=false",
               "--name", "dead", "--no-wait"]
     proc = subprocess.run(submit, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)

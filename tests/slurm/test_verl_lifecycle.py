@@ -34,6 +34,7 @@ from hpc_grpo.runstate import metrics
 from hpc_grpo.runstate.layout import VERL_LOG
 from hpc_grpo.runstate import layout
 from tests.slurm.jobs import wait_final
+from tests.verl_data import TRAIN_ROWS, head_parquet
 from tests.slurm.test_submit import GSM8K, REPO, Env, make_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -55,20 +56,14 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     data = prepare_gsm8k(GSM8K, e.root / "data")
     model = ensure_tiny_model(e.root / "models" / "tiny-qwen2")
     e.env.update(HF_HOME=str(e.root / "hf"), HF_DATASETS_OFFLINE="1")
-    # a slice of GSM8K: verl tokenizes every row at each start to filter overlong prompts (7473 rows: ~20 s here)
-    train, test = head_parquet(data.verl_train, e.root / "train64.parquet"), head_parquet(data.verl_test, e.root / "test64.parquet")
+    # a slice of GSM8K with enough rows for every step in verl's one epoch (tests/verl_data.py)
+    train = head_parquet(data.verl_train, e.root / "train.parquet", rows=TRAIN_ROWS)
+    test = head_parquet(data.verl_test, e.root / "test64.parquet")
     e.tiny = ["recipe=tiny-verl", "resources.nodes=2", f"cluster.setup.venv={VENV}",
               f"data.train_files={train}", f"data.val_files={test}", f"model.path={model}",
               f"train.total_training_steps={STEPS}", "logging.logger=[console,wandb]", "logging.project=lifecycle",
               f"eval.test_file={GSM8K / 'test.jsonl'}", f"eval.train_file={GSM8K / 'train.jsonl'}"]
     return e
-
-
-def head_parquet(src: Path, dst: Path, rows: int = 64) -> Path:
-    import pyarrow.parquet as pq
-
-    pq.write_table(pq.read_table(src).slice(0, rows), dst)
-    return dst
 
 
 def file_logger_steps(run_dir: Path, live: bool = False) -> list[int]:
