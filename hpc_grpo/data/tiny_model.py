@@ -46,10 +46,10 @@ VOCAB_SIZE = 640
 HIDDEN_SIZE = 64
 INTERMEDIATE_SIZE = 128
 NUM_LAYERS = 2
-# head_dim = 64 / 2 = 32: vLLM's CPU attention has no head size 16 (it supports 32, 64, 80, ...). One KV head
-# keeps k/v_proj at 64 -> 32, the weight shapes a 4-head, 2-KV-head model of this width has.
+# head_dim = 64 / 2 = 32: vLLM's CPU attention has no head size 16 (it supports 32, 64, 80, ...). Two KV heads, so
+# Megatron's TP 2 still divides the query groups (tests/slurm/test_verl_main_ppo.py).
 NUM_HEADS = 2
-NUM_KV_HEADS = 1
+NUM_KV_HEADS = 2
 MAX_POSITIONS = 512
 # Weight init std (transformers' default is 0.02). With 0.02 the tied embedding rows are so short that no hidden
 # state moves a logit by more than ~1: a LoRA, which cannot touch the embedding, then cannot change what the model

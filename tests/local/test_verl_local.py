@@ -69,9 +69,7 @@ def test_a_dead_vllm_engine_ends_the_job_and_resume_goes_on(tmp_path: Path) -> N
                            else []) if s["step"] >= 2]:
         assert time.monotonic() < deadline and proc_tree.identity(job) is not None, _logs(run)[-5000:]
         time.sleep(1)
-    engine = [pid for pid in proc_tree.descendants(job, proc_tree.process_table())
-              if "EngineCore" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-              or "EngineCore" in Path(f"/proc/{pid}/comm").read_text()]
+    engine = engine_cores(run)
     assert engine, "no vLLM engine-core process under the job"
     killed = time.monotonic()
     for pid in engine:
@@ -94,3 +92,20 @@ def test_a_dead_vllm_engine_ends_the_job_and_resume_goes_on(tmp_path: Path) -> N
 
 def _logs(run: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted((run / "submitit").glob("*_log.*")))
+
+
+def engine_cores(run: Path) -> list[int]:
+    """vLLM's engine-core processes of this run: Ray's raylet daemonizes, so they are not below the job's PID; they
+    carry the run's WANDB_DIR (the job's Ray runtime env), which no other process on the host has."""
+    mark = f"WANDB_DIR={run}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes() + (entry / "comm").read_bytes()
+            if b"EngineCore" in title and mark + b"\0" in (entry / "environ").read_bytes() + b"\0":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

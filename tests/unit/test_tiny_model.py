@@ -44,7 +44,7 @@ def test_files_and_config(model_dir: Path) -> None:
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} <= names
     cfg = json.loads((model_dir / "config.json").read_text())
     assert cfg["model_type"] == "qwen2"
-    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (64, 2, 2, 1)
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (64, 2, 2, 2)
     assert cfg["hidden_size"] // cfg["num_attention_heads"] >= 32  # vLLM's CPU attention has no head size 16
     assert cfg["tie_word_embeddings"] is True
     assert cfg["max_position_embeddings"] == 512
