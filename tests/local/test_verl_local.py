@@ -95,17 +95,31 @@ def _logs(run: Path) -> str:
 
 
 def engine_cores(run: Path) -> list[int]:
-    """vLLM's engine-core processes of this run: Ray's raylet daemonizes, so they are not below the job's PID; they
-    carry the run's WANDB_DIR (the job's Ray runtime env), which no other process on the host has."""
-    mark = f"WANDB_DIR={run}".encode()
+    """vLLM's engine-core processes of this run: a `VLLM::EngineCore` (its title) with this run's
+    `hpc_grpo.job.verl_node --spec RUN/spec.yaml` among its ancestors (engine core <- Ray's vLLMHttpServer worker <-
+    raylet <- ray_start <- verl_node). Titles are all a retitled process shows: setproctitle reuses the environ's
+    memory, so no marker survives in /proc/PID/environ."""
+    from hpc_grpo.job import proc_tree
+
+    spec = str(run / "spec.yaml").encode()
+
+    def cmdline(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return b""
+
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or not cmdline(int(entry.name)).startswith(b"VLLM::EngineCore"):
             continue
-        try:
-            title = (entry / "cmdline").read_bytes() + (entry / "comm").read_bytes()
-            if b"EngineCore" in title and mark + b"\0" in (entry / "environ").read_bytes() + b"\0":
+        pid, hops = int(entry.name), 0
+        while pid > 1 and hops < 16:
+            stat = proc_tree.read_stat(pid)
+            if stat is None:
+                break
+            pid, hops = stat.ppid, hops + 1
+            if b"hpc_grpo.job.verl_node" in cmdline(pid) and spec in cmdline(pid):
                 found.append(int(entry.name))
-        except OSError:
-            continue
+                break
     return found
