@@ -59,7 +59,10 @@ def test_rehearse_the_fsdp_lora_recipe_on_cpu(tmp_path: Path) -> None:
     said = proc.stdout + proc.stderr
     print(said)  # the rehearsal's report, shown with pytest -s
     assert proc.returncode == 0, said
-    assert "Rehearsal passed" in said and "vLLM sampling" in said and "NCCL" in said
+    assert "Rehearsal passed" in said and "vLLM's CUDA kernels" in said and "NCCL" in said
+    # .venv-verl has vLLM's CPU build (tools/setup-env.sh verl): the rehearsal runs verl's own vLLM rollout, says so,
+    # and vLLM's server really sampled in the job
+    assert "Rollout exercised: rollout.name=vllm: verl's own vLLM rollout" in " ".join(said.split()), said
 
     # the tiny model was built where rehearse looks for it; the rows are the recipe's own, columns and all
     assert (home / ".cache" / "hpc-grpo" / "tiny-qwen2" / "config.json").is_file()
@@ -71,7 +74,9 @@ def test_rehearse_the_fsdp_lora_recipe_on_cpu(tmp_path: Path) -> None:
 
     spec = load_frozen(run_dir / "spec.yaml")  # as the resumed job froze it
     r = spec.recipe
-    assert spec.verl_cpu and spec.python == f"{VENV}/bin/python" and r.rollout.name == "hf"
+    assert spec.verl_cpu and spec.python == f"{VENV}/bin/python" and r.rollout.name == "vllm"
+    job_logs = " ".join(p.read_text(errors="replace") for p in (run_dir / "submitit").glob("*_0_log.*"))
+    assert "(vLLMHttpServer pid=" in job_logs
     assert (r.lora.rank, r.lora.alpha, r.grpo.kl_loss_type, r.checkpoint.keep_last) == (64, 32, "low_var_kl", 3)
     assert r.train.total_training_steps == 2 and r.eval.limit == 1
 
