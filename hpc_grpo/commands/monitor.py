@@ -45,7 +45,12 @@ class Monitor:
         return {"progress": asdict(self.progress), "latest": self.latest, "hints": self.hints, "source": self.source}
 
 
+# A mean response length at this share of data.max_response_length counts as "at the limit" (answers cut off).
+AT_LIMIT_SHARE = 0.95
+
+
 # ------------------------------------------------------------------------------------------------------- logs
+
 def log_path(spec: RunSpec, job_id: str, node: int = 0, err: bool = False) -> Path:
     """One node's log of a job: task N runs on node N (one task per node); node 0's is the driver's."""
     return layout.job_log(spec.path, job_id, int(node), err)
@@ -113,7 +118,7 @@ def health_hints(spec: RunSpec, rows: list[dict[str, Any]]) -> list[str]:
     limit = spec.recipe.data.max_response_length
     length = series("response_length")
     clip = series("response_clip_ratio")
-    if (clip and clip[-1] >= 0.5) or (length and length[-1] >= 0.95 * limit):
+    if (clip and clip[-1] >= 0.5) or (length and length[-1] >= AT_LIMIT_SHARE * limit):
         what = f"{clip[-1]:.0%} of responses" if clip and clip[-1] >= 0.5 else f"mean response length {length[-1]:.0f}"
         hints.append(f"{what} at the limit data.max_response_length={limit}: answers are cut off before they end "
                      "(reward is lost); raise data.max_response_length or check the prompt format")
