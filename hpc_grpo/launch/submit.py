@@ -9,11 +9,14 @@ requeues it on timeout or preemption; resume itself comes from the checkpoints o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -286,10 +289,35 @@ def _submit_local(spec: RunSpec, purpose: str, note: str = "", data: dict[str, A
     executor = submitit.LocalExecutor(folder=layout.submitit_dir(spec.path), python=shlex.quote(spec.python))
     executor.update_parameters(timeout_min=spec.recipe.resources.time_min, nodes=1, tasks_per_node=1,
                                gpus_per_node=spec.gpus_per_node)
-    job = executor.submit(TrainJob(spec.run_dir, eval_after=spec.recipe.eval.enabled))
+    with controller_stdio(layout.submitit_dir(spec.path) / LOCAL_CONTROLLER_LOG):
+        job = executor.submit(TrainJob(spec.run_dir, eval_after=spec.recipe.eval.enabled))
     runs.append_history(spec.path, job.job_id, purpose, "local", note=note, data=data)
     log = layout.job_log(spec.path, job.job_id)
     return Submission(spec.path, job.job_id, "local", str(log), job)
+
+
+LOCAL_CONTROLLER_LOG = "controller.log"
+
+
+@contextlib.contextmanager
+def controller_stdio(log: Path) -> Iterator[None]:
+    """submitit's local controller outlives this command and inherits its stdin, stdout and stderr: under a pipe
+    (`| tee`, a CI step, a captured subprocess) the reader would wait until the job ends, so `--no-wait` would
+    wait after all. While it starts, fd 0 is /dev/null and fds 1 and 2 are the controller's own log."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    try:
+        with open(os.devnull, "rb") as null, open(log, "ab") as out:
+            os.dup2(null.fileno(), 0)
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+            yield
+    finally:
+        for fd, copy in zip((0, 1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def submit_follow_on(spec: RunSpec, after: str) -> str:

@@ -387,13 +387,29 @@ def test_attack_through_eval_humaneval(row: Row, eval_scores: dict[tuple[str, st
     assert attack["tests_passed"] <= honest["tests_passed"], (row.name, honest, attack)
 
 
+CONTROL = """
+import json
+from hpc_grpo.rewards.code import compute_score
+from tests.unit.test_code_reward_attacks import ADD, ROWS, W_KW, program
+print(json.dumps({row.name: [compute_score("hpc-grpo/codegen", program(row, side, "add"), ADD,
+                                           isolation="limits-only", **W_KW) for side in ("honest", "attack")]
+                  for row in ROWS if row.isolation}))
+"""
+
+
 def test_isolation_rows_win_without_the_isolation() -> None:
     """The control of the `isolation` rows: with grpo.code.isolation=limits-only (the recipe's consent to run the
-    code with limits only) the same attacks do read the answers, so above it is the isolation that stops them."""
-    for row in (r for r in ROWS if r.isolation):
-        honest, attack = (compute_score("hpc-grpo/codegen", program(row, side, "add"), ADD, isolation="limits-only",
-                                        **W_KW) for side in ("honest", "attack"))
-        assert attack["score"] > honest["score"], (row.name, honest, attack)
+    code with limits only) the same attacks do read the answers, so above it is the isolation that stops them.
+    The scorer is a fresh interpreter: the memory attack scans its ancestors within one test's timeout, and a pytest
+    that has loaded torch holds gigabytes (in the full suite the scan ran out of time and the control scored 0)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", CONTROL], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scores = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert scores, "no isolation rows"
+    for name, (honest, attack) in scores.items():
+        assert attack["score"] > honest["score"], (name, honest, attack)
 
 
 def test_table_is_not_vacuous(verl_scores: dict[tuple[str, str], dict[str, Any]]) -> None:

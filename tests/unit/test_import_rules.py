@@ -47,6 +47,11 @@ PLACED: dict[str, tuple[str, str]] = {
     # Which profile a command means when none is typed; its last resort asks this machine's Slurm for its
     # ClusterName (cluster.slurm), so it sits above cluster although it picks among config's profiles.
     f"{PACKAGE}.config.clusterpick": ("cluster", "asks Slurm which cluster this machine is"),
+    # The code reward's runner and its kernel settings: standard library only, loaded by file path into the
+    # sandbox's bare interpreter (a process of its own, so it lives in job/); rewards share its encoder, plan
+    # states its memory rule.
+    f"{PACKAGE}.job.code_sandbox": ("rewards", "the code reward's runner, standard library only"),
+    f"{PACKAGE}.job.sandbox_kernel": ("rewards", "the sandbox's kernel settings, standard library only"),
 }
 COMPAT = frozenset({f"{PACKAGE}.submit", f"{PACKAGE}.evaluate", f"{PACKAGE}.code_reward", f"{PACKAGE}.rewards"})
 

@@ -91,7 +91,7 @@ def test_verl_sees_the_cpu_platform_and_the_hf_rollout(tmp_path: Path) -> None:
     assert got["logprob_max_err"] < 1e-4 and 1 <= got["sampled_len"] <= 8, got
     assert got["adapter_active"] and got["loaded"]["adapter_tensors"] > 0
     assert got["adapter_moves"] > 1e-3, got  # the adapter changes the logits...
-    assert got["matches_trained"] < 0.05, got  # ...to the trained model's (bf16 transfer)
+    assert got["matches_trained"] < 1e-3, got  # ...to the trained model's (the same bf16 values)
     assert got["global_steps"] == 3
     assert "adapter weights got none" in got["bad_names"] or "match no adapter weight" in got["bad_names"], got
 

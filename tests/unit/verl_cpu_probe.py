@@ -50,13 +50,16 @@ ref = torch.log_softmax(logits[len(prompt) - 1:-1], -1).gather(1, torch.tensor(b
 out["logprob_max_err"] = float((ref - torch.tensor(before.log_probs)).abs().max())
 out["sampled_len"] = len(asyncio.run(server.generate(prompt, {"temperature": 1.0, "top_p": 0.9, "top_k": 20}, "r2")).token_ids)
 
-# a trained adapter, as verl sends it: peft's state-dict names, B not zero
+# a trained adapter, as verl sends it: peft's state-dict names, B not zero, in bf16; the reference model holds the
+# same bf16-rounded values, so what the server computes must match it to float32 rounding, not to bf16's
+torch.manual_seed(1)
 peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir),
                             LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
-torch.manual_seed(1)
 for name, p in peft_model.named_parameters():
     if "lora_B" in name:
         p.data.normal_(0, 0.5)
+    if "lora_" in name:
+        p.data = p.data.to(torch.bfloat16).to(p.dtype)
 adapter = {k: v.to(torch.bfloat16) for k, v in get_peft_model_state_dict(peft_model).items()}
 cfg = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
        "down_proj"], "task_type": "CAUSAL_LM", "peft_type": "LORA"}  # verl sends the config as a dict

@@ -104,6 +104,7 @@ driver=(
   actor_rollout_ref.rollout.agent.num_workers=1
   reward.num_workers=1
   data.dataloader_num_workers=0
+  transfer_queue.backend.SimpleStorage.num_data_storage_units=1
   +actor_rollout_ref.rollout.enable_sleep_mode=False
   actor_rollout_ref.rollout.free_cache_engine=False
   actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64
