@@ -73,7 +73,7 @@ def run_watched(argv: list[str], env: dict[str, str], log: Callable[[str], None]
             if fault.line is None:
                 continue
             if not announced:
-                log(f"rollout engine failure: {fault.reason}: {fault.line[-400:]}; verl does not stop on its own, "
+                log(f"rollout engine failure: {fault.reason}: {fault.line[-400:]}; verl may wait on it forever, "
                     f"so the driver is stopped in {grace_s:.0f} s unless it exits first")
                 announced = True
             if time.monotonic() - fault.seen_at >= grace_s:

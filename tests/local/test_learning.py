@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 VERL_VENV = Path(os.environ.get("HPC_GRPO_VERL_VENV") or REPO / ".venv-verl")
 DEV_CLI = REPO / ".venv" / "bin" / "hpc-grpo"
 MARGIN = 0.03
+ALL_CASES = "HPC_GRPO_LEARNING_ALL"  # CI runs the HF-sampler case only when this is 1
 STEPS = 16
 STRAY_TOKEN = "stray-token-from-an-earlier-local-ray-0123456789abcdef"
 LOG_TS = re.compile(r"^hpc-grpo: \[(\d+\.\d+)\] (.*)$", re.M)
@@ -129,6 +130,11 @@ def test_trl_learns(tmp_path: Path) -> None:
     ("vllm", "full"),   # verl's vLLM server: full weights through the shared-memory sender; KL to the reference
 ])
 def test_verl_learns(tmp_path: Path, sampler: str, weights: str) -> None:
+    if sampler == "hf" and os.environ.get("CI") == "true" and os.environ.get(ALL_CASES) != "1":
+        reason = (f"left out of CI for time (~250 s; set {ALL_CASES}=1 to run it): the HF server's weight sync is "
+                  "checked exactly by tests/unit/test_verl_cpu.py, and the trainer's learning by the vLLM cases")
+        print(f"SKIP: {reason}")
+        pytest.skip(reason)
     venv = _verl_venv(sampler)
     extra = ["lora.rank=0", "grpo.lr=1e-2", "grpo.kl_loss=true"] if weights == "full" else []
     readme = sampler == "vllm" and weights == "lora" and venv == REPO / ".venv-verl" and DEV_CLI.exists()

@@ -79,7 +79,10 @@ def test_a_dead_vllm_engine_ends_the_job_and_resume_goes_on(tmp_path: Path) -> N
         assert time.monotonic() - killed < 240, "the job still runs 4 minutes after vLLM's engine died"
         time.sleep(1)
     logs = _logs(run)
-    assert "rollout engine failure" in logs and "driver stopped after the rollout engine failure" in logs, logs[-5000:]
+    # verl then exits on its own (measured: 6 s after a SIGKILL between steps) or hangs (measured: a failed weight
+    # update, 9 minutes): either way the job ends, by the driver's exit or by the watcher's stop after its grace
+    assert "rollout engine failure" in logs, logs[-5000:]
+    assert "driver stopped after the rollout engine failure" in logs or "driver exited with status" in logs, logs[-5000:]
     assert "engine core exited unexpectedly" in logs or "EngineDeadError" in logs, logs[-5000:]
     done = max(int(p.name.split("_")[-1]) for p in (run / "checkpoints").glob("global_step_*"))
     assert 2 <= done < steps
