@@ -99,13 +99,24 @@ def job_ids(run_dir: Path) -> list[str]:
 
 
 def _pid_alive(pid: str) -> bool:
+    """A local job (its controller's PID) still runs. A zombie does not: once the submitting command has exited,
+    the controller's parent is PID 1, which may reap it only later (measured: a resume right after the job ended
+    was refused as 'live')."""
     try:
         os.kill(int(pid), 0)
     except PermissionError:
         return True  # alive, another user's
     except (OSError, ValueError):
         return False
-    return True
+    return not _zombie(int(pid))
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] in (["Z"], ["X"])
 
 
 def live_jobs(run_dir: Path) -> dict[str, str]:

@@ -136,3 +136,30 @@ def test_status_line_without_a_failure_note_names_the_slurm_end() -> None:
     rows[0] = status.JobRow("11", "train", "t", "COMPLETED", 5, "0:0", "node1")
     assert status.trained_line(verdict, rows, []) == "trained (final checkpoint step 8 written)"
     assert status.trained_line(trained.Trained(False, "no"), rows, []) is None
+
+
+def test_a_local_job_whose_controller_is_a_zombie_is_not_live(tmp_path: Path) -> None:
+    """The controller of a local job outlives `submit`; when it ends, PID 1 reaps it when it gets to it. Until then
+    it is a zombie: `resume` must not be refused as if the job still ran."""
+    import os
+    import subprocess
+    import time
+
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child never became a zombie"
+        time.sleep(0.05)
+    try:
+        os.kill(child.pid, 0)  # the signal check alone would call it alive
+        assert not runs._pid_alive(str(child.pid))
+        runs.append_history(tmp_path, str(child.pid), "train", "local")
+        assert runs.live_jobs(tmp_path) == {}
+    finally:
+        child.wait()
+    alive = subprocess.Popen(["sleep", "30"])
+    try:
+        assert runs._pid_alive(str(alive.pid))
+    finally:
+        alive.kill()
+        alive.wait()
