@@ -87,7 +87,7 @@ def test_a_dead_vllm_engine_ends_the_job_and_resume_goes_on(tmp_path: Path) -> N
     done = max(int(p.name.split("_")[-1]) for p in (run / "checkpoints").glob("global_step_*"))
     assert 2 <= done < steps
 
-    proc = subprocess.run([*cli, "resume", "dead", f"cluster.runs_root={runs_root}", "--wait"], env=env, cwd=tmp_path,
+    proc = subprocess.run([*cli, "resume", str(run), "--wait"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=1200, check=False)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:], _logs(run)[-5000:])
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == str(steps)
