@@ -7,8 +7,8 @@ SAVE_FREQ, after the faults), runs on slurm-dev and is hit after FAULT_AFTER ste
 Each must save at the next step boundary, be requeued, resume from the saved step (steps lost: 0) and finish
 with a final adapter bitwise equal to an uninterrupted run's (same seed, CPU). The uninterrupted run uses
 cluster=local (the same CPU code, no cluster time); its equality with the Slurm runs is what the tests assert.
-A chained run (cluster.restart=chain, resources.time=1 minute, signal 58 s before the end, the trainer started
-30 s late: the signal comes before its first step, so every job trains exactly one step, saves, and ends by its
+A chained run (cluster.restart=chain, resources.time=1 minute, signal 55 s before the end, the trainer started
+35 s late: the signal comes before its first step, so every job trains exactly one step, saves, and ends by its
 time limit) survives two time limits and finishes.
 The chained run and the reference are started first and run while the fault tests run.
 """
@@ -39,12 +39,13 @@ SHRINK = [f"train.total_training_steps={STEPS}", f"checkpoint.save_freq={SAVE_FR
           "grpo.entropy_coeff=0.01", "batch.train=2", "batch.mini=2", "batch.micro_per_gpu=4",
           "batch.log_prob_micro_per_gpu=4", "grpo.n=2", "data.max_response_length=8"]
 # Slurm sends the time-limit warning on slurmctld's ~30 s tick, up to 60 s early: with 1 minute and 58 s it came
-# 2-32 s into the job here. The trainer is started 30 s late (launch.driver wraps it in a sleep) so that the
+# 2-32 s into the job here, once 1 s in, before submitit had installed its handler (the job died of USR2). With 55 s
+# it comes 5-35 s in; the trainer is started 35 s late (launch.driver wraps it in a sleep) so that the
 # warning comes before its first step on an idle machine too: each job then trains exactly one step, saves, and
 # ends by its time limit (about 60-70 s in). Two spare time-limit requeues absorb a job too slow to save in time.
-CHAIN = ["cluster.restart=chain", "resources.time=1", "cluster.signal_delay_s=58", "train.total_training_steps=3",
+CHAIN = ["cluster.restart=chain", "resources.time=1", "cluster.signal_delay_s=55", "train.total_training_steps=3",
          "resources.max_timeout_requeues=5"]
-CHAIN_START_DELAY_S = 30
+CHAIN_START_DELAY_S = 35
 DEADLINE_S = 420.0  # a loaded 2-core machine shared with other helpers: generous, never a sleep
 
 

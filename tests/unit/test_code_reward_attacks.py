@@ -400,12 +400,13 @@ print(json.dumps({row.name: [compute_score("hpc-grpo/codegen", program(row, side
 def test_isolation_rows_win_without_the_isolation() -> None:
     """The control of the `isolation` rows: with grpo.code.isolation=limits-only (the recipe's consent to run the
     code with limits only) the same attacks do read the answers, so above it is the isolation that stops them.
-    The scorer is a fresh interpreter: the memory attack scans its ancestors within one test's timeout, and a pytest
-    that has loaded torch holds gigabytes (in the full suite the scan ran out of time and the control scored 0)."""
+    The scorer is a fresh interpreter whose parent is PID 1 (`setsid -f`): the memory attack scans every ancestor
+    within one test's timeout, and a pytest that has loaded torch holds gigabytes (in the full suite the scan ran
+    out of time and the control scored 0). The pipe stays open until the scorer exits, so run() waits for it."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", CONTROL], capture_output=True, text=True, env=env, cwd=REPO,
-                          timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run(["setsid", "-f", sys.executable, "-c", CONTROL], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=300, check=False)
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]  # setsid's exit; the scorer's output
     scores = json.loads(proc.stdout.strip().splitlines()[-1])
     assert scores, "no isolation rows"
     for name, (honest, attack) in scores.items():
