@@ -14,36 +14,15 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
-
-@dataclass(frozen=True, slots=True)
-class Stat:
-    """The fields of /proc/PID/stat this module needs."""
-
-    state: str
-    ppid: int
-    start: int  # clock ticks after boot (field 22): with the pid, a process's identity
-
-
-def parse_stat(text: str) -> Stat:
-    """Fields of a /proc/PID/stat line; the command name (field 2) may hold spaces and parentheses."""
-    rest = text.rsplit(")", 1)[1].split()
-    return Stat(rest[0], int(rest[1]), int(rest[19]))
-
-
-def read_stat(pid: int) -> Stat | None:
-    try:
-        return parse_stat(Path(f"/proc/{pid}/stat").read_text())
-    except (OSError, IndexError, ValueError):
-        return None
+from hpc_grpo.common.procstat import ENDED_STATES, Stat, parse_stat, read_stat  # noqa: F401  (Stat, parse_stat: read here by callers)
 
 
 def identity(pid: int) -> int | None:
     """The process's start time while it runs; None once it is gone or a zombie (nothing left to kill)."""
     st = read_stat(pid)
-    return None if st is None or st.state in ("Z", "X") else st.start
+    return None if st is None or st.state in ENDED_STATES else st.start
 
 
 def process_table() -> list[tuple[int, int]]:

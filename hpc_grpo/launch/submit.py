@@ -24,6 +24,7 @@ from typing import Any
 import submitit
 
 from hpc_grpo.cluster import job_env, sbatch
+from hpc_grpo.common import procstat
 from hpc_grpo.evaluation import evaluate
 from hpc_grpo.launch import chain, render
 from hpc_grpo.runstate import layout, restart, runs, save_request
@@ -192,11 +193,7 @@ class TrainJob:
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return True
-        try:
-            state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return True
-        return state in ("Z", "X")
+        return procstat.ended(proc.pid)
 
     def _finished(self) -> bool:
         """The training process ended by finishing the run (its done file written during this attempt)."""

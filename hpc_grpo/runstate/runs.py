@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.common import procstat
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.runstate import layout
 
@@ -108,15 +109,7 @@ def _pid_alive(pid: str) -> bool:
         return True  # alive, another user's
     except (OSError, ValueError):
         return False
-    return not _zombie(int(pid))
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[:1] in (["Z"], ["X"])
+    return not procstat.ended(int(pid))
 
 
 def live_jobs(run_dir: Path) -> dict[str, str]:
