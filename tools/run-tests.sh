@@ -45,6 +45,11 @@ if [ -f .slurm-dev/env.sh ]; then
   source .slurm-dev/env.sh
 fi
 
+# The linter and the type checker (pyproject.toml's [tool.ruff] and [tool.mypy]): a finding fails the run
+echo "hpc-grpo: ruff and mypy over hpc_grpo/"
+.venv/bin/ruff check hpc_grpo
+.venv/bin/mypy
+
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # -rs: every skip prints its reason in the summary
 .venv/bin/python -m pytest -q -rs -p no:cacheprovider --durations=15 "$@"

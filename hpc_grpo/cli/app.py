@@ -69,9 +69,10 @@ def main() -> None:
     except Exception as exc:
         # Usage errors (unknown option, missing value) are click exceptions from typer's bundled click: they
         # print themselves and carry their exit code (2).
-        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
-            exc.show()
-            sys.exit(exc.exit_code)
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            sys.exit(code)
         raise
 
 

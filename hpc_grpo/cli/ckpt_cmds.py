@@ -3,7 +3,7 @@ the work are in hpc_grpo.commands (resume, export, prune)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -13,7 +13,7 @@ from hpc_grpo.cli.run_cmds import print_submitted, print_would_queue, refuse_unl
 
 
 def resume(
-    args: Annotated[Optional[list[str]], typer.Argument(help="[RUN] [key=value ...] (resources.* and time limits)",
+    args: Annotated[list[str] | None, typer.Argument(help="[RUN] [key=value ...] (resources.* and time limits)",
                                                         show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="allow other overrides; resubmit a finished run")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="show where it resumes and what it would queue; queue "
@@ -49,7 +49,7 @@ def resume(
 
 def export_cmd(
     run: RunT = None,
-    step: Annotated[Optional[int], typer.Option("--step", help="checkpoint step (default: the newest complete one)")] = None,
+    step: Annotated[int | None, typer.Option("--step", help="checkpoint step (default: the newest complete one)")] = None,
 ) -> None:
     """Merge a checkpoint into a Hugging Face model folder, RUN/exports/step_N/ (verl FSDP: verl's merger), e.g. to
     start a new run from it at a world size the checkpoint cannot be resumed at."""
@@ -70,10 +70,10 @@ def export_cmd(
 def prune_ckpts(
     run: RunT = None,
     all_runs: Annotated[bool, typer.Option("--all", help="every run under every runs root")] = False,
-    keep_last: Annotated[Optional[int], typer.Option(min=1, help="newest complete checkpoints to keep")] = None,
-    keep_every: Annotated[Optional[int], typer.Option(min=1, help="also keep steps that are multiples of M")] = None,
-    keep_best: Annotated[Optional[str], typer.Option(help="METRIC[:max|min]: also keep the best checkpoint")] = None,
-    max_bytes: Annotated[Optional[str], typer.Option(help="cap on kept checkpoints + exports, e.g. 200G")] = None,
+    keep_last: Annotated[int | None, typer.Option(min=1, help="newest complete checkpoints to keep")] = None,
+    keep_every: Annotated[int | None, typer.Option(min=1, help="also keep steps that are multiples of M")] = None,
+    keep_best: Annotated[str | None, typer.Option(help="METRIC[:max|min]: also keep the best checkpoint")] = None,
+    max_bytes: Annotated[str | None, typer.Option(help="cap on kept checkpoints + exports, e.g. 200G")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="show the verdicts, change nothing")] = False,
     as_json: JsonT = False,
 ) -> None:

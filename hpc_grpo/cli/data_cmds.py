@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -28,8 +28,8 @@ def data_codegen(
                                              "'tiny' (the 16 shipped problems) or hf:NAME[:CONFIG] when online")] = "tiny",
     out_dir: Annotated[Path, typer.Option("--out", help="output folder")] = Path("~/hpc-grpo-data/codegen"),
     test_every: Annotated[int, typer.Option(help="every N-th problem goes to the test split (0: test = train)")] = 4,
-    max_prompt_tokens: Annotated[Optional[int], typer.Option(help="drop longer prompts (needs --tokenizer)")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(help="model folder whose tokenizer counts prompt tokens")] = None,
+    max_prompt_tokens: Annotated[int | None, typer.Option(help="drop longer prompts (needs --tokenizer)")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="model folder whose tokenizer counts prompt tokens")] = None,
 ) -> None:
     """Write code problems with their tests in verl's parquet format and the trl engine's jsonl format."""
     from hpc_grpo.data.codegen import SHIPPED_PROBLEMS, prepare_codegen

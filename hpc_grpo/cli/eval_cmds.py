@@ -4,7 +4,7 @@ checks on the options, are in hpc_grpo.commands.eval and hpc_grpo.commands.repor
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -12,7 +12,7 @@ from hpc_grpo.cli.console import Table, out, print_json
 from hpc_grpo.cli.options import JsonT, RunT
 from hpc_grpo.runstate.layout import REPORT_FILE
 
-StepT = Annotated[Optional[list[int]], typer.Option("--step", help="checkpoint step (repeatable; default: newest)")]
+StepT = Annotated[list[int] | None, typer.Option("--step", help="checkpoint step (repeatable; default: newest)")]
 
 
 def print_eval_rows(results: list[dict[str, Any]]) -> None:
@@ -46,16 +46,16 @@ def eval_cmd(
     run: RunT = None,
     step: StepT = None,
     all_kept: Annotated[bool, typer.Option("--all-kept", help="every complete checkpoint")] = False,
-    tasks: Annotated[Optional[str], typer.Option("--tasks", help="gsm8k,gsm8k_cot,humaneval (default: the recipe's)")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="first K test problems")] = None,
-    model: Annotated[Optional[Path], typer.Option("--model", help="evaluate this HF model folder instead")] = None,
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="with --model: output folder")] = None,
-    here: Annotated[Optional[bool], typer.Option("--here/--submit", help="run in this shell or as a Slurm job "
+    tasks: Annotated[str | None, typer.Option("--tasks", help="gsm8k,gsm8k_cot,humaneval (default: the recipe's)")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="first K test problems")] = None,
+    model: Annotated[Path | None, typer.Option("--model", help="evaluate this HF model folder instead")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="with --model: output folder")] = None,
+    here: Annotated[bool | None, typer.Option("--here/--submit", help="run in this shell or as a Slurm job "
                                                  "(default: here on cluster=local)")] = None,
-    test_file: Annotated[Optional[Path], typer.Option("--test-file", help="with --model: GSM8K test jsonl")] = None,
-    train_file: Annotated[Optional[Path], typer.Option("--train-file", help="with --model: GSM8K train jsonl")] = None,
-    num_fewshot: Annotated[Optional[int], typer.Option("--num-fewshot", min=0, help="with --model")] = None,
-    max_gen_toks: Annotated[Optional[int], typer.Option("--max-gen-toks", min=1, help="with --model")] = None,
+    test_file: Annotated[Path | None, typer.Option("--test-file", help="with --model: GSM8K test jsonl")] = None,
+    train_file: Annotated[Path | None, typer.Option("--train-file", help="with --model: GSM8K train jsonl")] = None,
+    num_fewshot: Annotated[int | None, typer.Option("--num-fewshot", min=0, help="with --model")] = None,
+    max_gen_toks: Annotated[int | None, typer.Option("--max-gen-toks", min=1, help="with --model")] = None,
     as_json: JsonT = False,
 ) -> None:
     """Score a run's checkpoint(s) on its eval.tasks (GSM8K with lm-eval, HumanEval pass@1 in the sandbox) beside
@@ -85,7 +85,7 @@ def eval_cmd(
 
 def report(
     run: RunT = None,
-    png: Annotated[Optional[Path], typer.Option(
+    png: Annotated[Path | None, typer.Option(
         "--png", help=f"where to write the figure (default: RUN/{REPORT_FILE})")] = None,
 ) -> None:
     """Training curves (reward, KL, response length, entropy) and GSM8K accuracy per step: a PNG and a summary."""
@@ -101,15 +101,15 @@ def report(
 
 
 def eval_code(
-    run: Annotated[Optional[str], typer.Argument(help="a finished run's name or folder: its base model and its "
+    run: Annotated[str | None, typer.Argument(help="a finished run's name or folder: its base model and its "
                                                  "trained policy")] = None,
-    model: Annotated[Optional[str], typer.Option(help="evaluate this model folder instead of a run")] = None,
-    limit: Annotated[Optional[int], typer.Option(help="first N HumanEval problems (default: all 164)")] = None,
+    model: Annotated[str | None, typer.Option(help="evaluate this model folder instead of a run")] = None,
+    limit: Annotated[int | None, typer.Option(help="first N HumanEval problems (default: all 164)")] = None,
     n: Annotated[int, typer.Option(help="samples per problem (sampled when > 1)")] = 1,
-    k: Annotated[Optional[list[int]], typer.Option(help="pass@k to report (k <= n; repeatable)")] = None,
+    k: Annotated[list[int] | None, typer.Option(help="pass@k to report (k <= n; repeatable)")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="tokens per sample")] = 512,
     temperature: Annotated[float, typer.Option(help="sampling temperature when n > 1")] = 0.8,
-    json_out: Annotated[Optional[Path], typer.Option("--json-out", help="also write the report here")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json-out", help="also write the report here")] = None,
 ) -> None:
     """HumanEval pass@1 / pass@k through the sandboxed executor, base model beside the policy of a run."""
     from hpc_grpo.commands.eval import check_code_options, humaneval

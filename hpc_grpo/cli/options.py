@@ -6,7 +6,7 @@ A command line reads like the recipe it changes: `recipe=` and `cluster=` pick t
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -14,12 +14,12 @@ from hpc_grpo.cli.console import err
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config import registry
 
-ArgsT = Annotated[Optional[list[str]], typer.Argument(help="recipe=NAME [cluster=NAME] [key=value ...]", show_default=False)]
+ArgsT = Annotated[list[str] | None, typer.Argument(help="recipe=NAME [cluster=NAME] [key=value ...]", show_default=False)]
 JsonT = Annotated[bool, typer.Option("--json", help="machine-readable output")]
-NameT = Annotated[Optional[str], typer.Option("--name", help="run name (default: recipe name + timestamp)")]
+NameT = Annotated[str | None, typer.Option("--name", help="run name (default: recipe name + timestamp)")]
 SchemaT = Annotated[bool, typer.Option("--schema/--no-schema", help="compose against verl's real config if installed")]
-RunT = Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")]
-WaitT = Annotated[Optional[bool], typer.Option("--wait/--no-wait", help="follow the job to its end "
+RunT = Annotated[str | None, typer.Argument(help="run name or folder (default: the newest run)")]
+WaitT = Annotated[bool | None, typer.Option("--wait/--no-wait", help="follow the job to its end "
                                                "(default: on for cluster=local)")]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -153,7 +153,7 @@ def plan(args: ArgsT = None, as_json: JsonT = False, schema: SchemaT = True, nam
 
 def render(
     args: ArgsT = None,
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="folder to write into (default: print)")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="folder to write into (default: print)")] = None,
     name: NameT = None,
     schema: SchemaT = True,
 ) -> None:

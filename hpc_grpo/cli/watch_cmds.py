@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -167,7 +167,7 @@ def logs(
     follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing while the job runs")] = False,
     node: Annotated[int, typer.Option("--node", help="node index of the job (0: the driver's node)")] = 0,
     stderr: Annotated[bool, typer.Option("--err", help="the node's stderr log instead of stdout")] = False,
-    job: Annotated[Optional[str], typer.Option("--job", help="job id (default: the run's newest job)")] = None,
+    job: Annotated[str | None, typer.Option("--job", help="job id (default: the run's newest job)")] = None,
 ) -> None:
     """Show or follow the driver's log, or one node's log, of a run's job."""
     from hpc_grpo.commands.logs import choose_log, job_log

@@ -132,8 +132,9 @@ def run_eval(run: str | None, steps: list[int], all_kept: bool, tasks: list[str]
     """`hpc-grpo eval RUN`: its checkpoints scored here or queued as a job; the results carry their paths."""
     from hpc_grpo.commands.status import locate_run
 
-    outcome = eval_run(locate_run(run), steps, all_kept, tasks, limit, here)
-    with_paths(outcome.results, outcome.run_dir)
+    run_dir = locate_run(run)
+    outcome = eval_run(run_dir, steps, all_kept, tasks, limit, here)
+    with_paths(outcome.results, run_dir)
     return outcome
 
 
@@ -142,8 +143,8 @@ def model_eval(model: Path, out_dir: Path | None, tasks: list[str] | None, limit
                max_gen_toks: int | None) -> Any:
     """`hpc-grpo eval --model PATH`: any Hugging Face folder scored here; the result carries its path."""
     folder = model_out_dir(model, out_dir)
-    outcome = eval_model(str(model), folder, tasks, limit, train_file and str(train_file),
-                                  test_file and str(test_file), num_fewshot, max_gen_toks)
+    outcome = eval_model(str(model), folder, tasks, limit, str(train_file) if train_file else None,
+                         str(test_file) if test_file else None, num_fewshot, max_gen_toks)
     for r in outcome.results:
         r["path"] = str(folder / MODEL_RESULT)
     return outcome
@@ -182,8 +183,10 @@ def humaneval(run: str | None, model: str | None, json_out: Path | None, **opts:
         raise SpecError(str(exc), key=isolation.KEY) from None
     if run_dir is not None:
         report = evaluate_run(run_dir, **opts)
-    else:
+    elif model is not None:
         report = {"task": "humaneval", "models": [evaluate_humaneval(model, **opts)]}
+    else:
+        raise SpecError("eval-code needs a run or --model PATH", key="model")
     if json_out:
         json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report

@@ -109,7 +109,7 @@ def draw(rep: Report, out: Path) -> Path:
         base = (last.get("base") or {}).get("scores", {}).get(task)
         pol, bas = last["scores"][task], base or {}
         labels, keys = [lb for _, lb in score_keys(pol)], [k for k, _ in score_keys(pol)]
-        xs = range(len(keys))
+        xs = list(range(len(keys)))
         ax.bar([x - 0.2 for x in xs], [pol[k] for k in keys], width=0.4, label=f"step {last['step']}")
         ax.bar([x + 0.2 for x in xs], [bas.get(k, 0) for k in keys], width=0.4, label="base")
         ax.set_xticks(list(xs), labels)

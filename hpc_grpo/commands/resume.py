@@ -56,7 +56,7 @@ class ResumePlan:
     def describe(self, force: bool) -> list[str]:
         """What the CLI prints before it submits (or instead, for a finished run without --force)."""
         lines = [f"Run {self.spec.run_name}: {self.spec.run_dir}"]
-        if self.nothing_to_do(force):
+        if self.finished is not None and not force:  # nothing_to_do, spelled out for the type checker
             step = self.finished.get("final_step")
             lines.append(f"Run {self.spec.run_name} finished ({layout.DONE_FILE}: step {step}): "
                          "nothing to resume. Use --force to resubmit it anyway (e.g. with more training steps).")

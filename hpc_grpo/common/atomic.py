@@ -25,7 +25,7 @@ def umask_mode(mode: int = 0o666) -> int:
     return mode & ~umask
 
 
-def atomic_write(target: Path, write: Callable[[Path], None]) -> None:
+def atomic_write(target: Path, write: Callable[[Path], object]) -> None:
     """Call write(temp path) for a temp file beside target, then move it over target with the umask's mode."""
     target = Path(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -56,7 +56,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def build_dir_atomic(target: Path, build: Callable[[Path], None], whole: Callable[[Path], bool]) -> bool:
+def build_dir_atomic(target: Path, build: Callable[[Path], object], whole: Callable[[Path], bool]) -> bool:
     """Build a folder and rename it to `target`, so a folder at `target` is always a whole one.
 
     `build(path)` creates the folder at a path that does not exist yet, in a private temp folder beside `target`

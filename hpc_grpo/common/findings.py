@@ -14,7 +14,7 @@ from enum import Enum
 from pathlib import Path
 
 
-class Severity(str, Enum):
+class Severity(str, Enum):  # noqa: UP042 (StrEnum would change how str() and rich print it)
     ERROR = "error"
     WARNING = "warning"
     INFO = "info"

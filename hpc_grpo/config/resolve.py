@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from hpc_grpo import __version__
 from hpc_grpo.config import registry
@@ -134,7 +134,7 @@ def split_overrides(overrides: list[str]) -> tuple[list[tuple[str, Any]], list[t
     return recipe_items, cluster_items, passthrough
 
 
-def _validate(model: type, data: dict[str, Any], where: dict[str, str], prefix: str = "") -> Any:
+def _validate(model: type[BaseModel], data: dict[str, Any], where: dict[str, str], prefix: str = "") -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as exc:

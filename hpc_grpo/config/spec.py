@@ -8,7 +8,7 @@ hpc_grpo.config.cluster; the rules fields share, hpc_grpo.config.fields; error m
 import re
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -244,12 +244,13 @@ class EvalResources(_SlurmAsk):
     time: str = "01:00:00"
 
 
-EVAL_TASKS = ("gsm8k", "gsm8k_cot", "humaneval")
+EvalTask = Literal["gsm8k", "gsm8k_cot", "humaneval"]
+EVAL_TASKS: tuple[EvalTask, ...] = get_args(EvalTask)
 GSM8K_TASKS = ("gsm8k", "gsm8k_cot")  # lm-eval tasks on the GSM8K files; humaneval needs none
 CODE_REWARDS = ("code_exec",)  # grpo.reward values that train code generation
 
 
-def default_eval_tasks(reward: str) -> list[str]:
+def default_eval_tasks(reward: str) -> list[EvalTask]:
     """The tasks a recipe evaluates after training when it does not set eval.tasks: the skill its reward trains
     (a code reward -> humaneval, every other reward -> gsm8k). The one place this is decided: Recipe fills
     eval.tasks from it, so the frozen spec, plan, preflight and the eval job all read the same list."""
@@ -261,7 +262,7 @@ class Eval(Strict):
     pass@1 through the training reward's sandbox. Unset tasks follow grpo.reward (default_eval_tasks)."""
 
     enabled: bool = True
-    tasks: list[Literal["gsm8k", "gsm8k_cot", "humaneval"]] = Field(
+    tasks: list[EvalTask] = Field(
         default_factory=lambda: default_eval_tasks(Grpo.model_fields["reward"].default), min_length=1,
         description="None/unset: by grpo.reward (code_exec -> [humaneval], else [gsm8k])")
     limit: int | None = Field(default=None, gt=0, description="first K test problems (None: all 1319)")

@@ -17,6 +17,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -161,8 +162,8 @@ def _token_lengths(prompts: list[list[dict[str, str]]], tokenizer_path: str) -> 
     from transformers import AutoTokenizer  # lazy: only when a token limit is asked for
 
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
-    ids = tok.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True)
-    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    encoded: Any = tok.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True)
+    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded  # a BatchEncoding or plain lists
     return [len(x) for x in ids]
 
 
@@ -206,10 +207,10 @@ def prepare_codegen(source: str, out_dir: str | os.PathLike[str], test_every: in
                          "reward_model": {"style": "rule", "ground_truth": ground_truth(p)},
                          "extra_info": {"split": split, "index": i, "task_id": p["id"], "entry_point": p.get("entry_point") or ""}}
                         for i, p in enumerate(rows)]
-                atomic_write(paths[kind, split], lambda f, d=data: _write_parquet(d, f))
+                atomic_write(paths[kind, split], partial(_write_parquet, data))
             else:
                 data = [{"prompt": make_prompt(p), "ground_truth": ground_truth(p), "task_id": p["id"]} for p in rows]
-                atomic_write(paths[kind, split], lambda f, d=data: _write_jsonl(d, f))
+                atomic_write(paths[kind, split], partial(_write_jsonl, data))
     return CodegenResult(out_dir, paths["verl", "train"], paths["verl", "test"], paths["trl", "train"],
                          paths["trl", "test"], len(splits["train"]), len(splits["test"]), source,
                          dropped_overlong=dropped)

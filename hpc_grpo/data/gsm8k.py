@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -238,15 +239,15 @@ def prepare_gsm8k(source: str | os.PathLike[str], out_dir: str | os.PathLike[str
     for kind in ("verl", "trl"):
         (out_dir / kind).mkdir(parents=True, exist_ok=True)
     for s in SPLITS:
-        atomic_write(paths["verl", s], lambda p, rows=verl_rows[s]: _write_parquet(rows, p))
-        atomic_write(paths["trl", s], lambda p, rows=trl_rows[s]: _write_jsonl(rows, p))
+        atomic_write(paths["verl", s], partial(_write_parquet, verl_rows[s]))
+        atomic_write(paths["trl", s], partial(_write_jsonl, trl_rows[s]))
     # The evaluation (lm-eval's own gsm8k task) reads question/answer rows: record where they are. A local
     # source is named, not copied; rows fetched from the Hub are kept in out_dir/raw/ (no Hub in the eval job).
     raw_dir = Path(source).resolve() if source_kind == "local" else out_dir / "raw"
     if source_kind != "local":
         raw_dir.mkdir(parents=True, exist_ok=True)
         for s in SPLITS:
-            atomic_write(raw_dir / f"{s}.jsonl", lambda p, rows=splits[s]: _write_jsonl(rows, p))
+            atomic_write(raw_dir / f"{s}.jsonl", partial(_write_jsonl, splits[s]))
     atomic_write(out_dir / "source.json",
                   lambda p: p.write_text(json.dumps({"source": src, "raw_dir": str(raw_dir)}, indent=2) + "\n"))
     return PrepareResult(

@@ -201,7 +201,7 @@ class HFReplica(RolloutReplica):
         name = server_name(self.replica_rank, self.name_suffix)
         cfg = self.config
         max_len = cfg.max_model_len or (cfg.prompt_length + cfg.response_length)
-        server = ray.remote(HFServer).options(
+        server: Any = ray.remote(HFServer).options(  # an actor handle (Ray's types say class or handle)
             name=name,
             num_cpus=0,  # verl's placement groups already hold the node's CPUs; the server shares them
             max_concurrency=self.max_concurrency,

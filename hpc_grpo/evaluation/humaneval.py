@@ -62,8 +62,12 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
+# HumanEval's own per-test timeout (3 s); the other weights are the reward's defaults
+EVAL_WEIGHTS = RewardWeights(per_test_timeout=3.0)
+
+
 def score_samples(problems: Sequence[dict[str, Any]], samples: Sequence[Sequence[str]], ks: Sequence[int] = (1,),
-                  weights: RewardWeights = RewardWeights(per_test_timeout=3.0), workers: int | None = None) -> dict[str, Any]:
+                  weights: RewardWeights = EVAL_WEIGHTS, workers: int | None = None) -> dict[str, Any]:
     """Run every sample of every problem in the sandbox; pass@k for each k <= samples per problem."""
     flat = [(i, text) for i, texts in enumerate(samples) for text in texts]
     gts = [ground_truth(p) for p in problems]
@@ -100,11 +104,11 @@ def generate(model_path: str, prompts: list[list[dict[str, str]]], n: int, max_n
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
-    tok = AutoTokenizer.from_pretrained(model_path)
+    tok: Any = AutoTokenizer.from_pretrained(model_path)
     tok.padding_side = "left"  # generation continues every row from its own last token
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto" if device == "cuda" else torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto" if device == "cuda" else torch.float32)
     if adapter:
         from peft import PeftModel
 
@@ -128,7 +132,7 @@ def generate(model_path: str, prompts: list[list[dict[str, str]]], n: int, max_n
 
 def evaluate_humaneval(model_path: str, adapter: str | None = None, label: str = "model", limit: int | None = None,
                        n: int = 1, ks: Sequence[int] = (1,), max_new_tokens: int = 512, temperature: float = 0.8,
-                       weights: RewardWeights = RewardWeights(per_test_timeout=3.0), device: str = "cpu",
+                       weights: RewardWeights = EVAL_WEIGHTS, device: str = "cpu",
                        batch_size: int = 1) -> dict[str, Any]:
     """pass@k of one model (optionally with a LoRA adapter) on the first `limit` HumanEval problems."""
     problems = load_humaneval(limit)

@@ -42,7 +42,7 @@ def task_yaml(task: str, train_file: Path, test_file: Path, tasks_dir: Path | No
     base = (tasks_dir or lm_eval_tasks_dir()) / TASK_FILES[task]
     if not base.is_file():
         raise RuntimeError(f"lm-eval has no {base}: this lm-eval version lacks the {task} task")
-    doc = {
+    doc: dict[str, Any] = {
         "include": str(base),
         "task": LOCAL_PREFIX + task,
         "tag": [],

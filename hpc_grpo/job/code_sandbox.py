@@ -40,6 +40,10 @@ import secrets
 import select
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the sandbox's interpreter imports no more than it needs
+    from typing import Any
 
 
 MAX_DEPTH = 100  # nesting of a returned value
@@ -58,6 +62,8 @@ def _sibling(name: str):  # noqa: ANN202 - a module
 
     spec = importlib.util.spec_from_file_location(key, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                                      name + ".py"))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no module {name}.py beside {__file__}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[key] = module
     spec.loader.exec_module(module)
@@ -215,7 +221,7 @@ class _Pristine:
             hook(None)
         threading = sys.modules.get("threading")
         if threading is not None:  # its hooks for threads started later
-            threading._trace_hook = threading._profile_hook = None
+            threading._trace_hook = threading._profile_hook = None  # type: ignore[attr-defined]  # private, untyped
         self.reseed()  # a seed the code set no longer decides a check's random inputs
 
     def namespace(self, name: str) -> dict:
@@ -247,7 +253,7 @@ class _TooLarge(Exception):
     """An encoded value over VALUE_CAP bytes."""
 
 
-def _tagged(x: object, depth: int, size: list[int]) -> object:
+def _tagged(x: Any, depth: int, size: list[int]) -> object:
     """x as JSON-ready data, exact builtin types only (type(x) is int: a bool is a bool, an int subclass or
     any other object is refused with TypeError). Tags: {"t": tuple, "s": set, "f": frozenset, "d": dict as
     [[k, v], ...], "b": bytes hex, "c": complex [re, im], "i": a huge int in hex}; lists, str, int, float, bool

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -25,7 +26,7 @@ def probe() -> dict:
     import ray
 
     t0 = time.time()
-    ray.init(logging_level="ERROR", log_to_driver=False)
+    ray.init(logging_level=logging.ERROR, log_to_driver=False)
     try:
         alive = [n for n in ray.nodes() if n.get("Alive")]
         resources = ray.cluster_resources()

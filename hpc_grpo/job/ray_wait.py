@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -47,8 +48,9 @@ def _pid_alive(pid: int) -> bool:
 def _gcs_lister(address: str) -> tuple[Callable[[], list[dict]], Callable[[], None]] | None:
     """ray.nodes()-shaped rows straight from GCS, or None when this Ray has no usable GcsClient."""
     try:
-        from ray._raylet import GcsClient
-        from ray.core.generated.gcs_pb2 import GcsNodeInfo
+        # Ray's private API (not in its type information): absent or changed in a release -> the driver lister
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]
+        from ray.core.generated.gcs_pb2 import GcsNodeInfo  # type: ignore[attr-defined]
 
         client = GcsClient(address=address)
     except (ImportError, AttributeError, TypeError):
@@ -67,7 +69,7 @@ def _driver_lister(address: str, deadline: float) -> tuple[Callable[[], list[dic
 
     while True:
         try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
             return ray.nodes, ray.shutdown
         except (ConnectionError, RuntimeError, TimeoutError) as exc:
             if time.monotonic() > deadline:

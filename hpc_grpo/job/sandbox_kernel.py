@@ -69,7 +69,7 @@ def hide_packages(libc: ctypes.CDLL) -> str:
     import sys
 
     roots = {os.path.abspath(sys.base_prefix), "/usr", "/usr/local"}
-    found = set()
+    found: set[str] = set()
     for root in roots:
         for pattern in ("/lib*/python3*/*-packages", "/lib*/python3/*-packages"):
             found.update(os.path.realpath(p) for p in glob.glob(root + pattern)

@@ -82,7 +82,9 @@ def _errno(what: str) -> str:
 
 def _mount(libc: ctypes.CDLL, src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None) -> str:
     """mount(2); '' when done, else why not."""
-    enc = (lambda s: None if s is None else s.encode())
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else s.encode()
+
     if libc.mount(enc(src), dst.encode(), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
         return _errno(f"mount {src or ''} {dst}")
     return ""

@@ -75,14 +75,14 @@ class SaveOnSignal:
         return data
 
 
-def callback(state: SaveOnSignal) -> Any:
+def callback(flag: SaveOnSignal) -> Any:
     """A TrainerCallback: when the flag is set, save at this step's end and stop training."""
     from transformers import TrainerCallback
 
     class SaveOnSignalCallback(TrainerCallback):
-        def on_step_end(self, args: Any, tstate: Any, control: Any, **kw: Any) -> Any:
-            if state.requested:
-                state.saving = True
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            if flag.requested:
+                flag.saving = True
                 control.should_save = True
                 control.should_training_stop = True
             return control

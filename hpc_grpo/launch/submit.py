@@ -98,7 +98,8 @@ class TrainJob:
             while True:
                 time.sleep(30)
         if rc != 0:
-            last = (runs.read_history(run_dir) or [None])[-1]
+            history = runs.read_history(run_dir)
+            last = history[-1] if history else None
             said = last is not None and last.purpose == "failed" and last.job_id == str(env.job_id)
             # rc < 0: killed by a signal (scontrol requeue, scancel, a time limit): Slurm's doing, not a failure.
             if env.global_rank == 0 and rc > 0 and not said:  # the trainer may have said why just now (disk full)

@@ -38,8 +38,8 @@ for name in sys.argv[1:]:
         done[name] = {"missing": missing, "error": f"{type(exc).__name__}: {exc}"[:400]}
         break
     done[name] = None
-print(%r + json.dumps(done), flush=True)
-""" % MARKER
+print(MARKER + json.dumps(done), flush=True)
+""".replace("MARKER", repr(MARKER))
 
 _memo: dict[str, dict[str, dict[str, str | None] | None]] = {}
 

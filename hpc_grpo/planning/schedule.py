@@ -119,6 +119,7 @@ def lora_params_of(spec: RunSpec, shape: ModelShape) -> float:
 
 def make_schedule(spec: RunSpec, shape: ModelShape | None) -> Schedule:
     r = spec.recipe
+    rows: int | None
     if r.data.train_rows is not None:
         rows, source = r.data.train_rows, "data.train_rows in the recipe"
         found, where = dataset_rows(r.data.train_files)

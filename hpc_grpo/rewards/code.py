@@ -38,7 +38,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hpc_grpo.cluster import isolation
 from hpc_grpo.rewards.code_report import read_report

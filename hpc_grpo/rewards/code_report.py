@@ -16,7 +16,8 @@ import os
 import signal
 import subprocess
 import threading
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 VALUE_CAP = 1 << 20  # the runner's (code_sandbox.VALUE_CAP): bytes of one encoded value
 LINE_CAP = VALUE_CAP + 4096
@@ -35,6 +36,9 @@ def read_report(proc: subprocess.Popen, job: bytes, n: int, timeout: float,
     """Send the job, read the runner's lines (killing its process group after `timeout` s or at an oversize
     line or output); the summary with "outcomes": on_outcome(i, raw) per test (raw when None; None where the
     runner reported nothing)."""
+    stdin, stdout, stderr = proc.stdin, proc.stdout, proc.stderr
+    if stdin is None or stdout is None or stderr is None:
+        raise TypeError("the runner must be started with stdin, stdout and stderr as pipes")
     timer = threading.Timer(timeout, _kill, (proc,))
     timer.start()
     outcomes: list[Any] = [None] * n
@@ -43,12 +47,12 @@ def read_report(proc: subprocess.Popen, job: bytes, n: int, timeout: float,
     total, cap = 0, (n + 1) * (LINE_CAP + 64) + SUMMARY_CAP
     try:
         try:
-            proc.stdin.write(job)
-            proc.stdin.close()
+            stdin.write(job)
+            stdin.close()
         except BrokenPipeError:
             pass
         while True:
-            line = proc.stdout.readline(LINE_CAP)
+            line = stdout.readline(LINE_CAP)
             if not line:
                 break
             total += len(line)
@@ -65,7 +69,7 @@ def read_report(proc: subprocess.Popen, job: bytes, n: int, timeout: float,
             if 0 <= i < n and kind in (b"V", b"O"):
                 raw = ["value", body.decode("utf-8", "replace")] if kind == b"V" else json.loads(body)
                 outcomes[i] = on_outcome(i, raw) if on_outcome else raw
-        err = proc.stderr.read(1 << 16)
+        err = stderr.read(1 << 16)
         proc.wait()
     except ValueError as exc:  # a damaged line (the runner's own: never the code's, which cannot reach this pipe)
         _kill(proc)
@@ -73,7 +77,7 @@ def read_report(proc: subprocess.Popen, job: bytes, n: int, timeout: float,
         err, error = b"", f"unreadable runner output: {exc}"
     finally:
         timer.cancel()
-        for pipe in (proc.stdout, proc.stderr):
+        for pipe in (stdout, stderr):
             pipe.close()
     if summary is None or error:
         why = error or ("runner timed out" if proc.returncode == -signal.SIGKILL else "")

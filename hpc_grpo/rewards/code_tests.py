@@ -35,7 +35,8 @@ import json
 import operator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeGuard
 
 from hpc_grpo.rewards.code_values import decode_value, encoded_len, judge
 
@@ -81,7 +82,7 @@ class NotConstant(ValueError):
 
 # ---------------------------------------------------------------- the expected side: constants only
 
-_PURE_CALLS = {"set": set, "frozenset": frozenset, "tuple": tuple, "list": list, "dict": dict, "float": float,
+_PURE_CALLS: dict[str, Callable[..., Any]] = {"set": set, "frozenset": frozenset, "tuple": tuple, "list": list, "dict": dict, "float": float,
                "int": int, "str": str, "bool": bool, "complex": complex, "sorted": sorted, "abs": abs, "round": round,
                "range": range, "len": len, "sum": sum, "min": min, "max": max, "reversed": reversed}
 _MAX_ITEMS = 1_000_000
@@ -140,7 +141,7 @@ def trusted_value(node: ast.AST) -> Any:
         if any(k is None for k in node.keys):
             raise NotConstant("** in a dict display")
         try:
-            return {trusted_value(k): trusted_value(v) for k, v in zip(node.keys, node.values)}
+            return {trusted_value(k): trusted_value(v) for k, v in zip(node.keys, node.values) if k is not None}
         except TypeError as exc:
             raise NotConstant(str(exc)) from None
     if isinstance(node, ast.UnaryOp):
@@ -149,7 +150,9 @@ def trusted_value(node: ast.AST) -> Any:
             return not v
         if not isinstance(v, (int, float, complex)):
             raise NotConstant("unary operator on a non-number")
-        return {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}[type(node.op)](v)
+        unary: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.USub: operator.neg, ast.UAdd: operator.pos,
+                                                               ast.Invert: operator.invert}
+        return unary[type(node.op)](v)
     if isinstance(node, ast.BinOp):
         try:
             return _bounded(_binop(node.op, trusted_value(node.left), trusted_value(node.right)))
@@ -238,7 +241,7 @@ def _call_source(node: ast.AST, local: frozenset[str], rename: dict[str, str]) -
     return ast.unparse(node)
 
 
-def _is_abs(node: ast.AST) -> bool:
+def _is_abs(node: ast.AST) -> TypeGuard[ast.Call]:
     f = node.func if isinstance(node, ast.Call) else None
     return (isinstance(f, ast.Name) and f.id == "abs") or (
         isinstance(f, ast.Attribute) and f.attr == "fabs" and isinstance(f.value, ast.Name) and f.value.id == "math")

@@ -31,7 +31,7 @@ BUDGET_BYTES = 4 << 20  # payload bytes per completion decoded for checks the te
 _SCALARS = (type(None), bool, int, float, complex)
 _ORDER = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
-_PREFIXES = {list: "[", tuple: '{"t"', set: ('{"s"', '{"f"'), frozenset: ('{"s"', '{"f"'), dict: '{"d"', str: '"',
+_PREFIXES: dict[type, str | tuple[str, ...]] = {list: "[", tuple: '{"t"', set: ('{"s"', '{"f"'), frozenset: ('{"s"', '{"f"'), dict: '{"d"', str: '"',
              bytes: '{"b"'}  # how the encoding of a value equal to one of these types begins
 _TOKEN = re.compile(r"\S+")  # one character class: no backtracking
 
@@ -176,7 +176,7 @@ def values_equal(got: Any, exp: Any) -> bool:
             return False
         ids = {id(k): k for k in exp}
         table = {k: k for k in exp}
-        found: set[int] = set()
+        found = set()
         for k, v in got.pairs:
             m = _lookup(k, exp, table)
             if m is None or not values_equal(v, exp[ids[m]]):

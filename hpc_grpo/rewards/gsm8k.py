@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 __all__ = [
     "SOLUTION_CLIP_CHARS",

@@ -194,6 +194,11 @@ def _write_record(fd: int, token: str) -> None:
     os.fsync(fd)  # NFS: the new expiry reaches the server, where waiters on other nodes read it
 
 
+def _still_stale(ident: str) -> Callable[[LockHolder], bool]:
+    """The judge for _remove_if: the same holder as seen before, and still stale now."""
+    return lambda h: h.ident == ident and h.stale(time.time())
+
+
 def _remove_if(path: Path, judge: Callable[[LockHolder], bool]) -> bool:
     """Remove the lock file if its holder passes `judge`. The file is renamed aside first (rename is atomic on
     NFS and Lustre, so of two callers only one moves it) and judged there, so the judgement and the removal
@@ -258,7 +263,7 @@ def lease_lock(path: Path, timeout_s: float = 600.0) -> Iterator[None]:
             holder = _read_holder(path)
         except FileNotFoundError:
             continue  # released meanwhile: try again at once
-        if holder.stale(time.time()) and _remove_if(path, lambda h: h.ident == holder.ident and h.stale(time.time())):
+        if holder.stale(time.time()) and _remove_if(path, _still_stale(holder.ident)):
             continue  # taken away from a gone holder: now compete for O_EXCL
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{path} is held by {holder} for more than {timeout_s:.0f} s (a holder on another "
