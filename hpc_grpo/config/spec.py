@@ -8,7 +8,7 @@ hpc_grpo.config.cluster; the rules fields share, hpc_grpo.config.fields; error m
 import re
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -37,11 +37,20 @@ class ModelCfg(Strict):
     _expand = field_validator("path")(classmethod(lambda cls, v: expand_path(v)))
 
 
-class DataCfg(Strict):
-    """Prompt files and length limits (verl: data.*)."""
+# verl's data.train_files/val_files take one path or a list (concatenated, e.g. GSM8K + MATH); a list holds >= 1 path
+DataFiles = str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
 
-    train_files: str = Field(min_length=1)
-    val_files: str = Field(min_length=1)
+
+def file_list(files: DataFiles) -> list[str]:
+    """A data key's files as a list, one path or many: the one place that knows the key takes both."""
+    return [files] if isinstance(files, str) else list(files)
+
+
+class DataCfg(Strict):
+    """Prompt files and length limits (verl: data.*). train_files/val_files: one path or a list of paths."""
+
+    train_files: DataFiles = Field(min_length=1)
+    val_files: DataFiles = Field(min_length=1)
     max_prompt_length: int = Field(default=512, gt=0)
     max_response_length: int = Field(default=1024, gt=0)
     filter_overlong_prompts: bool = True
@@ -49,7 +58,28 @@ class DataCfg(Strict):
     shuffle: bool = True
     train_rows: int | None = Field(default=None, gt=0, description="rows in train_files, for plans made where the file is not readable")
 
-    _expand = field_validator("train_files", "val_files")(classmethod(lambda cls, v: expand_path(v)))
+    @field_validator("train_files", "val_files", mode="before")
+    @classmethod
+    def _shape(cls, v: Any) -> Any:
+        """One message for both shapes (pydantic's union errors would name each branch)."""
+        ok = (isinstance(v, str) and v) or (isinstance(v, list) and v and all(isinstance(p, str) and p for p in v))
+        if not ok:
+            raise ValueError("must be one file path or a non-empty list of paths, e.g. [a.parquet,b.parquet] "
+                             "(quote a path YAML would read as a number or a boolean)")
+        return v
+
+    @field_validator("train_files", "val_files")
+    @classmethod
+    def _expand(cls, v: DataFiles) -> DataFiles:
+        return expand_path(v) if isinstance(v, str) else [expand_path(p) for p in v]
+
+    @property
+    def train_list(self) -> list[str]:
+        return file_list(self.train_files)
+
+    @property
+    def val_list(self) -> list[str]:
+        return file_list(self.val_files)
 
 
 class _SlurmAsk(Strict):

@@ -276,8 +276,12 @@ def _check_batches(spec: RunSpec) -> list[Finding]:
 def _check_data(spec: RunSpec) -> list[Finding]:
     d, t = spec.recipe.data, spec.recipe.train
     out: list[Finding] = []
-    if not d.train_files.endswith(TRAIN_SUFFIXES):
-        out.append(error("data.train_files", f"{d.train_files!r} is not a .jsonl, .json or .parquet file",
+    if isinstance(d.train_files, list) and len(d.train_files) > 1:
+        out.append(error("data.train_files", f"a list of {len(d.train_files)} files: the trl engine trains on one file",
+                         "merge them into one .jsonl (or .parquet) and set data.train_files to it, or use engine=verl, "
+                         "which concatenates a list"))
+    elif not d.train_list[0].endswith(TRAIN_SUFFIXES):
+        out.append(error("data.train_files", f"{d.train_list[0]!r} is not a .jsonl, .json or .parquet file",
                          "prepare the data with `hpc-grpo data gsm8k` (or `hpc-grpo data codegen`) and use its trl/train.jsonl"))
     if not d.filter_overlong_prompts and d.truncation != "error":
         out.append(warning("data.truncation", f"trl cannot truncate chat prompts ('{d.truncation}'): prompts longer "
