@@ -154,7 +154,9 @@ class Grpo(Strict):
 
     n: int = Field(default=5, ge=2, description="responses per prompt (group size)")
     kl_loss: bool = True
-    kl_coef: float = Field(default=0.001, ge=0)
+    # verl's other KL: subtracted from each token's reward before the group advantage (algorithm.use_kl_in_reward)
+    kl_in_reward: bool = False
+    kl_coef: float = Field(default=0.001, ge=0, description="KL weight: the loss's and, with kl_in_reward, the reward's")
     kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl", "full"] = "low_var_kl"
     lr: float = Field(default=1e-6, gt=0, lt=1)
     entropy_coeff: float = Field(default=0.0, ge=0)
@@ -163,6 +165,11 @@ class Grpo(Strict):
     reward: Literal["gsm8k_strict", "gsm8k_flexible", "code_exec"] = "gsm8k_strict"
     format_score: float = Field(default=0.0, ge=0, le=1, description="reward for a parsable but wrong answer")
     code: CodeReward = Field(default_factory=CodeReward)
+
+    @property
+    def uses_reference(self) -> bool:
+        """Either KL needs the reference model's log-probs (verl builds it for either; utils.need_reference_policy)."""
+        return self.kl_loss or self.kl_in_reward
 
 
 class Batch(Strict):

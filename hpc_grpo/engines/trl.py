@@ -296,6 +296,10 @@ def _check_data(spec: RunSpec) -> list[Finding]:
 def _check_algorithm(spec: RunSpec) -> list[Finding]:
     g = spec.recipe.grpo
     out: list[Finding] = []
+    if g.kl_in_reward:
+        out.append(error("grpo.kl_in_reward", "true: trl's GRPO has its KL term in the loss only (beta), not in the "
+                         "reward", "set grpo.kl_in_reward=false (grpo.kl_loss=true with grpo.kl_coef is trl's KL), "
+                         "or use engine=verl"))
     if g.kl_loss and g.kl_coef > 0 and g.kl_loss_type != "low_var_kl":
         out.append(warning("grpo.kl_loss_type", f"trl always uses the k3 estimator (verl's low_var_kl), not {g.kl_loss_type}",
                            "set grpo.kl_loss_type=low_var_kl"))
