@@ -73,7 +73,9 @@ def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
                              f"cluster {spec.cluster.name} nodes have {spec.cluster.gpus_per_node}",
                              f"set eval.resources.gpus_per_node<={spec.cluster.gpus_per_node}"))
     except SpecError as exc:  # the message names the key, the value and the fix
-        out.append(error(exc.key, str(exc)))
+        if not (e.tp is None and e.resources.gpus_per_node is None and exc.key == "eval.tp"):
+            out.append(error(exc.key, exc.message))
+        # else: the eval job's TP is the rollout's on the training node's GPUs: check_layout's rollout TP error has it
     if e.resources.time_min > spec.cluster.time_max_min:
         out.append(error("eval.resources.time", f"{e.resources.time} is over the cluster's limit {spec.cluster.time_max}",
                          "lower eval.resources.time or eval.limit"))
@@ -81,7 +83,7 @@ def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
         if needs_gsm8k(e.tasks):
             data_files(spec)
     except SpecError as exc:
-        out.append((error if for_submit else warning)(exc.key or "eval.test_file", str(exc),
+        out.append((error if for_submit else warning)(exc.key or "eval.test_file", exc.message,
                                                       "or set eval.enabled=false"))
     return out
 
