@@ -19,7 +19,7 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 import typer  # noqa: E402
 
 from hpc_grpo.cli import catalog_cmds, ckpt_cmds, data_cmds, eval_cmds, run_cmds, watch_cmds  # noqa: E402
-from hpc_grpo.cli.console import err  # noqa: E402
+from hpc_grpo.cli.console import err, print_error  # noqa: E402
 from hpc_grpo.common.yamlio import SpecError  # noqa: E402
 
 app = typer.Typer(
@@ -61,7 +61,7 @@ def main() -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except SpecError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+        print_error(exc)
         sys.exit(2)
     except typer.Abort:
         err.print("Aborted.")

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hpc_grpo.cli.console import Table, err, out, print_findings, print_json
+from hpc_grpo.cli.console import Table, out, print_error, print_findings, print_json
 from hpc_grpo.cli.options import JsonT, RunT, WaitT
 from hpc_grpo.cli.run_cmds import print_submitted, print_would_queue, refuse_unless_ok
 
@@ -61,7 +61,7 @@ def export_cmd(
     try:
         done = export_run(run, step, starting)
     except FAILURES as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+        print_error(exc)
         raise typer.Exit(1) from None
     out.print(f"Exported: {done.folder} ({done.how})")
     out.print(f"A new run from these weights: {done.new_run}")
@@ -107,5 +107,5 @@ def print_prune(result: Any) -> None:
     for note in result.notes:
         out.print(f"note: {note}")
     for e in result.errors:
-        err.print(f"[bold red]error:[/] {e}")
+        print_error(e)
     out.print(f"{'would free' if result.dry_run else 'freed'} {fmt_bytes(result.freed_bytes)}")

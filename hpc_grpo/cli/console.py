@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from hpc_grpo.common.findings import Finding, Severity
@@ -38,6 +39,13 @@ def print_json(data: Any) -> None:
 out: Any = _LazyConsole(stderr=False)
 err: Any = _LazyConsole(stderr=True)
 
+def print_error(message: object) -> None:
+    """`error: MESSAGE` on stderr; the message is text, never markup (it may quote a list such as [a,b])."""
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(str(message))}")
+
+
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "dim"}
 
 
@@ -53,15 +61,17 @@ def print_findings(findings: list[Finding], console: Any = out) -> None:
         console.file.write("Findings:\n" + "".join(f"  {f}\n" for f in ordered))
         console.file.flush()
         return
+    from rich.markup import escape  # messages quote lists and Hydra values: [a,b] is not markup
+
     t = Table(title="Findings", show_lines=False)
     for col in ("severity", "key", "message", "fix"):
         t.add_column(col, overflow="fold")
     for f in ordered:
-        t.add_row(f"[{_STYLE[f.severity]}]{f.severity.value}[/]", f.key, f.message, f.fix)
+        t.add_row(f"[{_STYLE[f.severity]}]{f.severity.value}[/]", escape(f.key), escape(f.message), escape(f.fix))
     console.print(t)
 
 
-def print_rows(title: str, cols: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+def print_rows(title: str, cols: tuple[str, ...], rows: Sequence[Sequence[str]]) -> None:
     """A table on a terminal; whole lines in pipes and CI logs, where a table folds paths and keys at 80 columns."""
     if not out.is_terminal:
         out.file.write(f"{title}:\n" + "".join("  " + "  |  ".join(r) + "\n" for r in rows))

@@ -78,6 +78,24 @@ def print_code_isolation(plan: Any) -> None:
         out.print(f"Code sandbox: {plan.code_isolation}", markup=False, highlight=False)
 
 
+def shown(value: Any) -> str:
+    """A config value as the user would type it (lists and None as Hydra writes them)."""
+    from hpc_grpo.engines.verl_keys import format_value
+
+    return value if isinstance(value, str) and value.startswith(("(", "???")) else format_value(value)
+
+
+def print_defaults_diff(plan: Any) -> None:
+    """plan --diff-defaults: one row per verl key away from verl's default (interpolated defaults resolved)."""
+    if plan.defaults_diff is None:
+        out.print(f"verl defaults: {plan.defaults_note}", markup=False)
+        return
+    rows = [(str(d.key), shown(d.default) + (f" (= {d.interpolation})" if d.interpolation else ""), shown(d.value), str(d.why))
+            for d in plan.defaults_diff]
+    print_rows(f"verl defaults this run changes ({plan.defaults_note})", ("verl key", "verl default", "this run", "why"),
+               rows)
+
+
 def plan_json(plan: Any) -> dict[str, Any]:
     from dataclasses import asdict
 
@@ -97,6 +115,9 @@ def plan_json(plan: Any) -> dict[str, Any]:
         "schema": plan.schema_checked,
         "code_isolation": plan.code_isolation,
         "findings": [f.as_dict() for f in plan.findings],
+        **({} if plan.defaults_note == "" else {"diff_defaults": {
+            "note": plan.defaults_note,
+            "keys": None if plan.defaults_diff is None else [d.as_dict() for d in plan.defaults_diff]}}),
     }
 
 
@@ -139,14 +160,21 @@ def print_submitted(submission: Any, spec: Any, wait: bool | None) -> None:
         raise typer.Exit(wait_for(submission))
 
 
-def plan(args: ArgsT = None, as_json: JsonT = False, schema: SchemaT = True, name: NameT = None) -> None:
+DiffT = Annotated[bool, typer.Option("--diff-defaults", help="also list every verl key this run sets away from "
+                                     "verl's own defaults, and what set it (needs verl's config files)")]
+
+
+def plan(args: ArgsT = None, as_json: JsonT = False, schema: SchemaT = True, name: NameT = None,
+         diff_defaults: DiffT = False) -> None:
     """Check a recipe on a cluster: layout, batch math, memory per GPU, verl's schema. Writes nothing."""
     from hpc_grpo.planning.plan import run_plan
 
-    result = run_plan(resolve(args, name), schema=schema)
+    result = run_plan(resolve(args, name), schema=schema, diff_defaults=diff_defaults)
     if as_json:
         print_json(plan_json(result))
     else:
+        if diff_defaults:
+            print_defaults_diff(result)
         print_plan(result)
     raise typer.Exit(0 if result.ok else 1)
 

@@ -128,6 +128,10 @@ def refuse_unrehearsable(spec: RunSpec) -> None:
             key="backend")
 
 
+def _first_of(files: list[str]) -> str:
+    return f" (the first of its {len(files)} files)" if len(files) > 1 else ""
+
+
 def shrink(spec: RunSpec, inputs: ShrinkInputs) -> Shrink:
     """The recipe shrunk onto CPU: pure (reads nothing). Every replacement says why; every other key is kept."""
     refuse_unrehearsable(spec)
@@ -136,8 +140,10 @@ def shrink(spec: RunSpec, inputs: ShrinkInputs) -> Shrink:
     sampler = rollout_exercised(inputs.vllm)
     want: list[tuple[str, Any, str]] = [
         ("model.path", inputs.model, "the tiny model (hpc-grpo model tiny): the recipe's does not train on CPU"),
-        ("data.train_files", inputs.train_file, f"the first {TRAIN_ROWS} rows of the recipe's own train file"),
-        ("data.val_files", inputs.val_file, f"the first {VAL_ROWS} rows of the recipe's own val file"),
+        ("data.train_files", inputs.train_file, f"the first {TRAIN_ROWS} rows of the recipe's own train file"
+         + _first_of(r.data.train_list)),
+        ("data.val_files", inputs.val_file, f"the first {VAL_ROWS} rows of the recipe's own val file"
+         + _first_of(r.data.val_list)),
         ("data.max_prompt_length", min(r.data.max_prompt_length, MAX_PROMPT), "the tiny model's 512-token context"),
         ("data.max_response_length", min(r.data.max_response_length, MAX_RESPONSE), "short rollouts on CPU"),
         ("resources.nodes", 1, "one CPU node"),
@@ -344,10 +350,11 @@ def prepare_inputs(spec: RunSpec, run_dir: Path, python: str) -> ShrinkInputs:
     model = ensure_tiny_model(python)
     d = spec.recipe.data
     folder = layout.rehearsal_data_dir(run_dir)
-    train = folder / f"train{Path(d.train_files).suffix}"
-    val = folder / f"val{Path(d.val_files).suffix}"
-    sample_rows(Path(d.train_files), train, TRAIN_ROWS, "data.train_files")
-    sample_rows(Path(d.val_files), val, VAL_ROWS, "data.val_files")
+    # a list of files is rehearsed on its first file (shrink says so): a few rows test the pipeline, not the mix
+    train = folder / f"train{Path(d.train_list[0]).suffix}"
+    val = folder / f"val{Path(d.val_list[0]).suffix}"
+    sample_rows(Path(d.train_list[0]), train, TRAIN_ROWS, "data.train_files")
+    sample_rows(Path(d.val_list[0]), val, VAL_ROWS, "data.val_files")
     e = spec.recipe.eval
     files = evaluate.data_files(spec) if e.enabled and evaluate.needs_gsm8k(e.tasks) else None
     return ShrinkInputs(str(model), str(train), str(val), files, vllm=has_vllm(python))

@@ -18,6 +18,7 @@ class SpecError(ValueError):
     def __init__(self, message: str, key: str = "", where: str = "") -> None:
         self.key = key
         self.where = where
+        self.message = message  # without the key and place: for a finding, which prints its key itself
         prefix = f"{where}: " if where else ""
         keypart = f"{key}: " if key and not message.startswith(key) else ""
         super().__init__(f"{prefix}{keypart}{message}")

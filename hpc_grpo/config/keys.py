@@ -82,6 +82,19 @@ def did_you_mean(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
     return f"valid keys here: {', '.join(names)}. "
 
 
+def quote_hint(err: Any, key: str) -> str:
+    """Where YAML typed a value the key wants as text (`0`, `1e3`, `true`, `null`), say to quote it: the value the
+    user meant is the characters they typed."""
+    value = err.get("input")
+    if err["type"] != "string_type" or not isinstance(value, (bool, int, float)) and value is not None:
+        return ""
+    typed = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    kind = {bool: "a boolean", int: "a number", float: "a number"}.get(type(value), "nothing (null)")
+    return (f"; YAML read it as {kind}: quote what you typed to keep it text, e.g. {key}='\"{typed}\"' on the "
+            f"command line (the single quotes keep the double ones from the shell) or {key.rsplit('.', 1)[-1]}: "
+            f"\"{typed}\" in a file")
+
+
 def validation_error(
     exc: ValidationError, model: type[BaseModel], where: dict[str, str], prefix: str = ""
 ) -> SpecError:
@@ -102,6 +115,6 @@ def validation_error(
         else:
             text = str(err["msg"]).removeprefix("Value error, ")
             shown = HIDDEN if any(secret_in(str(p)) for p in loc) else redact(err.get("input"))
-            msg = f"{text}, got {shown!r}{origin}"
+            msg = f"{text}, got {shown!r}{origin}{quote_hint(err, key)}"
         parts.append(f"{key}: {msg}")
     return SpecError("\n  ".join(parts), key=first_key)

@@ -8,7 +8,7 @@ hpc_grpo.config.cluster; the rules fields share, hpc_grpo.config.fields; error m
 import re
 import time
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -37,11 +37,20 @@ class ModelCfg(Strict):
     _expand = field_validator("path")(classmethod(lambda cls, v: expand_path(v)))
 
 
-class DataCfg(Strict):
-    """Prompt files and length limits (verl: data.*)."""
+# verl's data.train_files/val_files take one path or a list (concatenated, e.g. GSM8K + MATH); a list holds >= 1 path
+DataFiles = str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
 
-    train_files: str = Field(min_length=1)
-    val_files: str = Field(min_length=1)
+
+def file_list(files: DataFiles) -> list[str]:
+    """A data key's files as a list, one path or many: the one place that knows the key takes both."""
+    return [files] if isinstance(files, str) else list(files)
+
+
+class DataCfg(Strict):
+    """Prompt files and length limits (verl: data.*). train_files/val_files: one path or a list of paths."""
+
+    train_files: DataFiles = Field(min_length=1)
+    val_files: DataFiles = Field(min_length=1)
     max_prompt_length: int = Field(default=512, gt=0)
     max_response_length: int = Field(default=1024, gt=0)
     filter_overlong_prompts: bool = True
@@ -49,7 +58,28 @@ class DataCfg(Strict):
     shuffle: bool = True
     train_rows: int | None = Field(default=None, gt=0, description="rows in train_files, for plans made where the file is not readable")
 
-    _expand = field_validator("train_files", "val_files")(classmethod(lambda cls, v: expand_path(v)))
+    @field_validator("train_files", "val_files", mode="before")
+    @classmethod
+    def _shape(cls, v: Any) -> Any:
+        """One message for both shapes (pydantic's union errors would name each branch)."""
+        ok = (isinstance(v, str) and v) or (isinstance(v, list) and v and all(isinstance(p, str) and p for p in v))
+        if not ok:
+            raise ValueError("must be one file path or a non-empty list of paths, e.g. [a.parquet,b.parquet] "
+                             "(quote a path YAML would read as a number or a boolean)")
+        return v
+
+    @field_validator("train_files", "val_files")
+    @classmethod
+    def _expand(cls, v: DataFiles) -> DataFiles:
+        return expand_path(v) if isinstance(v, str) else [expand_path(p) for p in v]
+
+    @property
+    def train_list(self) -> list[str]:
+        return file_list(self.train_files)
+
+    @property
+    def val_list(self) -> list[str]:
+        return file_list(self.val_files)
 
 
 class _SlurmAsk(Strict):
@@ -124,7 +154,9 @@ class Grpo(Strict):
 
     n: int = Field(default=5, ge=2, description="responses per prompt (group size)")
     kl_loss: bool = True
-    kl_coef: float = Field(default=0.001, ge=0)
+    # verl's other KL: subtracted from each token's reward before the group advantage (algorithm.use_kl_in_reward)
+    kl_in_reward: bool = False
+    kl_coef: float = Field(default=0.001, ge=0, description="KL weight: the loss's and, with kl_in_reward, the reward's")
     kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl", "full"] = "low_var_kl"
     lr: float = Field(default=1e-6, gt=0, lt=1)
     entropy_coeff: float = Field(default=0.0, ge=0)
@@ -133,6 +165,11 @@ class Grpo(Strict):
     reward: Literal["gsm8k_strict", "gsm8k_flexible", "code_exec"] = "gsm8k_strict"
     format_score: float = Field(default=0.0, ge=0, le=1, description="reward for a parsable but wrong answer")
     code: CodeReward = Field(default_factory=CodeReward)
+
+    @property
+    def uses_reference(self) -> bool:
+        """Either KL needs the reference model's log-probs (verl builds it for either; utils.need_reference_policy)."""
+        return self.kl_loss or self.kl_in_reward
 
 
 class Batch(Strict):

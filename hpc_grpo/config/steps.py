@@ -31,7 +31,8 @@ def total_steps(spec: RunSpec, printed: int | None) -> tuple[int | None, bool]:
     t = spec.recipe.train
     if t.total_training_steps:
         return t.total_training_steps, False
-    rows = data_rows(Path(spec.recipe.data.train_files))
+    counts = [data_rows(Path(f)) for f in spec.recipe.data.train_list]  # verl concatenates a list of files
+    rows = None if None in counts else sum(c or 0 for c in counts)
     if not rows:
         return None, True
     return max(1, rows // spec.recipe.batch.train) * t.total_epochs, True

@@ -276,8 +276,12 @@ def _check_batches(spec: RunSpec) -> list[Finding]:
 def _check_data(spec: RunSpec) -> list[Finding]:
     d, t = spec.recipe.data, spec.recipe.train
     out: list[Finding] = []
-    if not d.train_files.endswith(TRAIN_SUFFIXES):
-        out.append(error("data.train_files", f"{d.train_files!r} is not a .jsonl, .json or .parquet file",
+    if isinstance(d.train_files, list) and len(d.train_files) > 1:
+        out.append(error("data.train_files", f"a list of {len(d.train_files)} files: the trl engine trains on one file",
+                         "merge them into one .jsonl (or .parquet) and set data.train_files to it, or use engine=verl, "
+                         "which concatenates a list"))
+    elif not d.train_list[0].endswith(TRAIN_SUFFIXES):
+        out.append(error("data.train_files", f"{d.train_list[0]!r} is not a .jsonl, .json or .parquet file",
                          "prepare the data with `hpc-grpo data gsm8k` (or `hpc-grpo data codegen`) and use its trl/train.jsonl"))
     if not d.filter_overlong_prompts and d.truncation != "error":
         out.append(warning("data.truncation", f"trl cannot truncate chat prompts ('{d.truncation}'): prompts longer "
@@ -292,6 +296,10 @@ def _check_data(spec: RunSpec) -> list[Finding]:
 def _check_algorithm(spec: RunSpec) -> list[Finding]:
     g = spec.recipe.grpo
     out: list[Finding] = []
+    if g.kl_in_reward:
+        out.append(error("grpo.kl_in_reward", "true: trl's GRPO has its KL term in the loss only (beta), not in the "
+                         "reward", "set grpo.kl_in_reward=false (grpo.kl_loss=true with grpo.kl_coef is trl's KL), "
+                         "or use engine=verl"))
     if g.kl_loss and g.kl_coef > 0 and g.kl_loss_type != "low_var_kl":
         out.append(warning("grpo.kl_loss_type", f"trl always uses the k3 estimator (verl's low_var_kl), not {g.kl_loss_type}",
                            "set grpo.kl_loss_type=low_var_kl"))

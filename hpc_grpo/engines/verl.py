@@ -12,7 +12,7 @@ from hpc_grpo.runstate import checkpoints, layout, runs
 from hpc_grpo.engines import verl_cpu, vllm_cpu
 from hpc_grpo.engines.base import EngineCommand, JobImports, Override
 from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_key_for
-from hpc_grpo.common.findings import Finding, error
+from hpc_grpo.common.findings import Finding, error, warning
 from hpc_grpo.config.spec import RunSpec
 
 ENTRY = ["-m", "verl.trainer.main_ppo"]  # after the job's interpreter (spec.python)
@@ -106,7 +106,9 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
 
     add("algorithm.adv_estimator", "grpo", "engine")
     add("algorithm.norm_adv_by_std_in_grpo", r.grpo.norm_adv_by_std, "grpo.norm_adv_by_std")
-    add("algorithm.use_kl_in_reward", False, "grpo.kl_loss")
+    add("algorithm.use_kl_in_reward", r.grpo.kl_in_reward, "grpo.kl_in_reward")
+    if r.grpo.kl_in_reward:  # verl's fixed controller: reward -= kl_coef x KL(policy || reference) per token
+        add("algorithm.kl_ctrl.kl_coef", r.grpo.kl_coef, "grpo.kl_coef")
     add("data.train_files", r.data.train_files, "data.train_files")
     add("data.val_files", r.data.val_files, "data.val_files")
     add("data.train_batch_size", r.batch.train, "batch.train")
@@ -297,6 +299,27 @@ def node_env(spec: RunSpec) -> dict[str, str]:
     return env
 
 
+def owned_error(pkey: str, value: object, source: str) -> Finding:
+    """A passthrough key hpc-grpo sets itself: the recipe key to set instead (one place for each setting), or, for a
+    key hpc-grpo decides alone (the engine, the run directory, CPU mode), that it cannot be set."""
+    typed = f"{pkey.removeprefix('passthrough.')}={format_value(value)}"
+    if source == "run directory" or source.startswith(("engine", "resume")):
+        return error(pkey, f"{typed}: hpc-grpo sets this verl key itself ({source})", "remove it")
+    example = f"{source}={str(value).lower()}" if isinstance(value, bool) else source
+    return error(pkey, f"{typed}: hpc-grpo sets this verl key from recipe key '{source}' (one place for each "
+                 "setting)", f"set {example} instead")
+
+
+def check_kl(spec: RunSpec) -> list[Finding]:
+    """Both KLs on pull the policy to the reference twice with one weight (verl 0.9.1 only prints a NOTICE)."""
+    g = spec.recipe.grpo
+    if not (g.kl_loss and g.kl_in_reward and g.kl_coef > 0):
+        return []
+    return [warning("grpo.kl_in_reward", f"true with grpo.kl_loss=true: the KL to the reference is both in the loss "
+                    f"and subtracted from the reward, each weighted grpo.kl_coef={g.kl_coef}",
+                    "set grpo.kl_loss=false for the reward's KL alone (or grpo.kl_in_reward=false for the loss's)")]
+
+
 class VerlEngine:
     name = "verl"
     launch_template = "verl_ray_launch.sh.j2"
@@ -319,7 +342,7 @@ class VerlEngine:
 
     def check(self, spec: RunSpec) -> list[Finding]:
         """Passthrough keys: well-formed, real verl keys, and not fighting a modelled field."""
-        findings: list[Finding] = []
+        findings: list[Finding] = check_kl(spec)
         owned = {o.key: o.source for o in modelled_overrides(spec)} | dict.fromkeys(RESUME_KEYS, RESUME_SOURCE)
         for key in spec.recipe.passthrough:
             pkey = f"passthrough.{key}"
@@ -335,8 +358,5 @@ class VerlEngine:
                     "drop it; set resources.cpus_per_task (each node's `ray start --num-cpus` is raised to what "
                     "verl reserves)"))
             elif bare_key(key) in owned:
-                src = owned[bare_key(key)]
-                findings.append(
-                    error(pkey, f"is set by hpc-grpo from recipe key '{src}'", f"set {src} instead")
-                )
+                findings.append(owned_error(pkey, spec.recipe.passthrough[key], owned[bare_key(key)]))
         return findings

@@ -66,6 +66,33 @@ def advice_for(shape: ModelShape) -> tuple[tuple[int, int, int], str]:
     return ADVICE[-1][2], ADVICE[-1][3]
 
 
+def _splits_heads(tp: int, shape: ModelShape) -> bool:
+    """vLLM splits the attention heads evenly, and the KV heads evenly or replicated (TP a multiple of them)."""
+    heads, kv = shape.num_attention_heads, shape.num_key_value_heads
+    return heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+
+
+def rollout_tp_error(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> list[Finding]:
+    """At most one error for parallel.rollout_tp, naming every rule its value breaks and the values that keep all.
+
+    vLLM's TP groups stay inside a node, so dividing the GPUs per node is the rule (it implies dividing the world
+    size); the model's heads must split over the group too."""
+    rtp = spec.recipe.parallel.rollout_tp
+    gpn = lay.gpus_per_node or lay.world_size
+    broken = []
+    if gpn and gpn % rtp:
+        broken.append(f"does not divide the {gpn} GPUs per node (vLLM's tensor-parallel groups stay inside a node)")
+    if shape is not None and not _splits_heads(rtp, shape):
+        broken.append(f"cannot split {shape.name}'s {shape.num_attention_heads} attention heads / "
+                      f"{shape.num_key_value_heads} KV heads evenly")
+    if not broken:
+        return []
+    good = [t for t in range(1, (gpn or rtp) + 1) if (not gpn or gpn % t == 0) and (shape is None or _splits_heads(t, shape))]
+    return [error("parallel.rollout_tp", f"{rtp}: " + "; and it ".join(broken),
+                  f"use parallel.rollout_tp={' or '.join(map(str, good))}" if good else
+                  "change resources.gpus_per_node: no rollout TP divides it and the model's heads")]
+
+
 def check_layout(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> list[Finding]:
     r = spec.recipe
     p = r.parallel
@@ -91,12 +118,9 @@ def check_layout(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> list[F
                                "drop parallel.sequence_parallel or raise parallel.tp"))
         if p.vpp is not None and p.pp == 1:
             out.append(error("parallel.vpp", "virtual pipeline stages need PP > 1", "drop parallel.vpp or raise parallel.pp"))
-    if lay.world_size and lay.world_size % p.rollout_tp:
-        out.append(error("parallel.rollout_tp", f"rollout world size {lay.world_size} is not divisible by rollout TP {p.rollout_tp}",
-                         "choose parallel.rollout_tp dividing the GPU count"))
-    if lay.gpus_per_node and lay.gpus_per_node % p.rollout_tp:
-        out.append(error("parallel.rollout_tp", f"rollout TP {p.rollout_tp} does not divide the {lay.gpus_per_node} GPUs per node",
-                         "choose parallel.rollout_tp dividing resources.gpus_per_node"))
+    cpu_owns_it = spec.verl_cpu and r.rollout.name == "vllm"  # check_verl_cpu refuses any rollout TP but 1 there
+    if not cpu_owns_it:
+        out += rollout_tp_error(spec, lay, shape)
     if shape is None:
         out.append(warning("model.path", f"model shape of {r.model.path!r} unknown: head/layer/expert divisibility not checked",
                            "point model.path at a local folder with config.json, or use a model from `hpc-grpo plan --help`"))
@@ -109,10 +133,6 @@ def check_layout(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> list[F
     if kv % tp:
         out.append(error("parallel.tp", f"{shape.name} has {kv} KV heads (query groups), not divisible by TP {tp}",
                          f"use a TP dividing {kv}"))
-    rtp = p.rollout_tp
-    if heads % rtp or (kv % rtp and rtp % kv):
-        out.append(error("parallel.rollout_tp", f"vLLM cannot split {heads} heads / {kv} KV heads over rollout TP {rtp}",
-                         f"use a rollout TP dividing {heads} (and {kv}, or a multiple of it)"))
     if r.backend == "megatron":
         stages = p.pp * (p.vpp or 1)
         if shape.num_hidden_layers % stages:

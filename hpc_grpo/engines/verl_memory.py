@@ -240,7 +240,7 @@ def check_memory(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> tuple[
         param_offload=r.offload.param,
         optimizer_offload=r.offload.optimizer,
         ref_param_offload=r.offload.ref_param,
-        use_ref=r.grpo.kl_loss,
+        use_ref=r.grpo.uses_reference,
         gpu_memory_utilization=r.rollout.gpu_memory_utilization,
         gpu_memory_gb=spec.cluster.gpu_memory_gb,
         micro_batch_per_gpu=micro,

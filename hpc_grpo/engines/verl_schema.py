@@ -15,6 +15,7 @@ checks the two side by side).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import json
@@ -140,12 +141,66 @@ def accepted_by_tree(overrides: list[str], tree: dict[str, str], config_dir: Pat
 
 
 def compose_check(config_name: str, overrides: list[str], config_dir: Path) -> list[Finding]:
-    """Compose like verl's main_ppo would; each rejected key becomes an error finding naming it.
+    """Compose like verl's main_ppo would; each rejected key becomes an error finding naming it, and so does a
+    `+` key that is a typo of a key verl has (Hydra adds it; verl never reads it).
 
     The cached key tree answers first; only what it cannot accept for sure is composed."""
-    if accepted_by_tree(overrides, key_tree(config_name, config_dir), config_dir):
-        return []
-    return hydra_compose_check(config_name, overrides, config_dir)
+    tree = key_tree(config_name, config_dir)
+    typos = plus_typos(overrides, tree)
+    typo_keys = {f.key for f in typos}
+    rest = [o for o in overrides if f"engine.{o.split('=', 1)[0].lstrip('+')}" not in typo_keys]
+    if accepted_by_tree(rest, tree, config_dir):
+        return typos
+    return typos + hydra_compose_check(config_name, rest, config_dir)
+
+
+# A new key this close to an existing one (difflib's ratio) is taken for a typo: clip_ratio_hgh vs clip_ratio_high
+# is 0.97, actr vs actor 0.89, and num_cpus beside an existing num_gpus (0.88) is flagged too (`++` adds it on
+# purpose); names that merely share a stem (max_num_seqs vs max_model_len, 0.40) stay well below.
+TYPO_RATIO = 0.85
+
+
+def _children(tree: dict[str, str], parent: str) -> list[str]:
+    depth = parent.count(".") + 1 if parent else 0
+    return [k.rsplit(".", 1)[-1] for k in tree
+            if k.count(".") == depth and (not parent or k.startswith(parent + "."))]
+
+
+def plus_typos(overrides: list[str], tree: dict[str, str]) -> list[Finding]:
+    """`+key=v` (adding a key verl's config lacks) where a key verl has differs by a letter or two at the first
+    missing step: Hydra adds it without a word, and verl never reads it."""
+    found: list[Finding] = []
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if not key.startswith("+") or key.startswith("++") or key[1:] in tree:
+            continue
+        parts = key[1:].split(".")
+        n = next(i for i in range(len(parts) + 1) if i == len(parts) or ".".join(parts[: i + 1]) not in tree)
+        parent = ".".join(parts[:n])
+        if n == len(parts) or (parent and tree.get(parent) != "dict"):
+            continue
+        close = difflib.get_close_matches(parts[n], _children(tree, parent), n=1, cutoff=TYPO_RATIO)
+        if not close:
+            continue
+        real = ".".join([*parts[:n], close[0], *parts[n + 1:]])
+        found.append(error(
+            f"engine.{key[1:]}",
+            f"'{item}' adds a new key, and verl's config has '{real}' ('{parts[n]}' vs '{close[0]}'): a new key this "
+            "close to an existing one is almost always a typo, and verl never reads a key it does not know, so the "
+            "setting would be ignored without a word",
+            f"set {real}={value} (no '+' for an existing key); to add the new key on purpose, write "
+            f"++{key[1:]}={value}"))
+    return found
+
+
+def closest_key(key: str, tree: dict[str, str]) -> str | None:
+    """The real key a rejected one most likely meant: the closest sibling name, else the closest whole key."""
+    parent, _, last = key.rpartition(".")
+    close = difflib.get_close_matches(last, _children(tree, parent), n=1, cutoff=0.6)
+    if close:
+        return f"{parent}.{close[0]}" if parent else close[0]
+    close = difflib.get_close_matches(key, list(tree), n=1, cutoff=0.8)
+    return close[0] if close else None
 
 
 def hydra_compose_check(config_name: str, overrides: list[str], config_dir: Path) -> list[Finding]:
@@ -177,16 +232,21 @@ def hydra_compose_check(config_name: str, overrides: list[str], config_dir: Path
             struct = _STRUCT_RE.search(f"{text}\n{exc.__cause__ or ''}")  # Hydra chains OmegaConf's reason
             if struct:  # a {...} value with a key the node lacks: Hydra names it on a later line
                 first_line += f" {struct.group(0)}"
+            dict_value = culprit is not None and culprit.split("=", 1)[1].lstrip().startswith("{")
             if m and _APPEND_RE.search(text):
                 fix = f"use ++{bad}=... to overwrite an existing key, or drop the '+'"
-            elif m and struct:
+            elif m and struct and dict_value:  # the {...} value holds the key the node lacks
                 fix = (f"add the new key on its own with a '+': +{bad}.{struct.group(1)}=... (one override per new key), "
                        "or check its spelling against verl's config")
             elif m:
-                fix = f"check the spelling against verl's config, or use +{bad}=... to add a new key on purpose"
+                real = closest_key(bad, key_tree(config_name, config_dir))
+                value = culprit.split("=", 1)[1] if culprit else "..."
+                fix = (f"did you mean {real}={value}? To" if real else "check the spelling against verl's config; to") + \
+                    f" add a new key on purpose, use +{bad}={value}"
             else:
                 fix = "see the Hydra message"
-            findings.append(error(f"engine.{key}", f"verl's config rejects it: {first_line}", fix))
+            typed = f"'{culprit}': " if culprit else ""
+            findings.append(error(f"engine.{key}", f"{typed}verl's config rejects it: {first_line}", fix))
             if culprit is None:
                 return findings
             remaining.remove(culprit)

@@ -169,17 +169,18 @@ def _file_id(path: str) -> list[Any]:
 
 def data_files(spec: RunSpec) -> tuple[str, str]:
     """GSM8K train/test jsonl (question/answer rows) for lm-eval: eval.train_file/test_file, else the raw source
-    `hpc-grpo data gsm8k` recorded beside the prepared files (data/<...>/source.json)."""
+    `hpc-grpo data gsm8k` recorded beside the prepared files (data/<...>/source.json) of the first of data.val_files
+    (a list holds GSM8K first, e.g. GSM8K + MATH)."""
     e = spec.recipe.eval
     train, test = e.train_file, e.test_file
     if train is None or test is None:
-        src = _recorded_source(Path(spec.recipe.data.val_files))
+        src = _recorded_source(Path(spec.recipe.data.val_list[0]))
         if src is not None:
             train = train or str(src / "train.jsonl")
             test = test or str(src / "test.jsonl")
     if train is None or test is None:
         raise SpecError(
-            f"no GSM8K question/answer files for lm-eval: data.val_files={spec.recipe.data.val_files} has no "
+            f"no GSM8K question/answer files for lm-eval: data.val_files' first file {spec.recipe.data.val_list[0]} has no "
             f"{SOURCE_FILE} beside it (written by `hpc-grpo data gsm8k`); set eval.test_file and eval.train_file "
             f"to jsonl files with question/answer rows ({GSM8K_RAW_HINT.format(split='test')}, and train.jsonl beside it)",
             key="eval.test_file")

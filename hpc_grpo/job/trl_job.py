@@ -122,7 +122,7 @@ def load_train_dataset(spec: RunSpec) -> Any:
     """
     from datasets import load_dataset
 
-    path = Path(spec.recipe.data.train_files)
+    path = Path(spec.recipe.data.train_list[0])  # plan refuses a list for trl (engines.trl)
     if not path.is_file():
         raise JobError(f"data.train_files {path} does not exist: prepare GSM8K first (hpc_grpo.data.gsm8k.prepare_gsm8k)")
     kind = "parquet" if path.suffix == ".parquet" else "json"
@@ -142,7 +142,7 @@ def lengths_key(spec: RunSpec, model_path: str) -> dict[str, Any] | None:
     folder = Path(model_path)
     if not folder.is_dir():
         return None
-    train = Path(spec.recipe.data.train_files)
+    train = Path(spec.recipe.data.train_list[0])
     st = train.stat()
     digest = hashlib.sha256()
     for name in ck.TOKENIZER_FILES:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hpc_grpo.engines import get_engine
 from hpc_grpo.engines.verl_checks import check_batches, check_layout, check_rollout
-from hpc_grpo.common.findings import Finding, cannot_read, error, has_errors, warning
+from hpc_grpo.common.findings import Finding, Severity, cannot_read, error, has_errors, warning
 from hpc_grpo.config.layout import Layout, layout_of
 from hpc_grpo.config.models import ModelShape, resolve_shape
 from hpc_grpo.planning.resources import check_resources
@@ -33,6 +33,9 @@ class Plan:
     schedule: object | None = None
     schema_checked: str = "skipped"
     code_isolation: str | None = None  # what the code sandbox gets on the compute nodes (code recipes only)
+    # plan --diff-defaults: the verl keys this run sets away from verl's defaults (engines.verl_defaults), or why not
+    defaults_diff: list | None = None
+    defaults_note: str = ""
 
     @property
     def ok(self) -> bool:
@@ -73,7 +76,9 @@ def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
                              f"cluster {spec.cluster.name} nodes have {spec.cluster.gpus_per_node}",
                              f"set eval.resources.gpus_per_node<={spec.cluster.gpus_per_node}"))
     except SpecError as exc:  # the message names the key, the value and the fix
-        out.append(error(exc.key, str(exc)))
+        if not (e.tp is None and e.resources.gpus_per_node is None and exc.key == "eval.tp"):
+            out.append(error(exc.key, exc.message))
+        # else: the eval job's TP is the rollout's on the training node's GPUs: check_layout's rollout TP error has it
     if e.resources.time_min > spec.cluster.time_max_min:
         out.append(error("eval.resources.time", f"{e.resources.time} is over the cluster's limit {spec.cluster.time_max}",
                          "lower eval.resources.time or eval.limit"))
@@ -81,7 +86,7 @@ def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
         if needs_gsm8k(e.tasks):
             data_files(spec)
     except SpecError as exc:
-        out.append((error if for_submit else warning)(exc.key or "eval.test_file", str(exc),
+        out.append((error if for_submit else warning)(exc.key or "eval.test_file", exc.message,
                                                       "or set eval.enabled=false"))
     return out
 
@@ -155,8 +160,9 @@ def _code_isolation(spec: RunSpec) -> tuple[str | None, list[Finding]]:
 
 
 # ----------------------------------------------------------------------------------------- plan
-def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Plan:
-    """All checks; the engine's own schema last (it is the slowest and needs verl's YAMLs)."""
+def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False, diff_defaults: bool = False) -> Plan:
+    """All checks; the engine's own schema last (it is the slowest and needs verl's YAMLs). diff_defaults: also
+    compare the run's verl config with verl's defaults (two more Hydra composes, ~1-3 s)."""
     lay = layout_of(spec)
     try:
         shape = resolve_shape(spec.recipe.model.path)
@@ -198,7 +204,26 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Pl
         plan.schema_checked = "disabled (--no-schema)"
     else:
         plan.schema_checked = "not applicable (trl: GRPOConfig is built and checked in the job)"
+    if diff_defaults:
+        plan.defaults_diff, plan.defaults_note = defaults_diff(spec, plan)
     return plan
+
+
+def defaults_diff(spec: RunSpec, plan: Plan) -> tuple[list | None, str]:
+    """The run's verl keys that differ from verl's defaults, or why they cannot be listed."""
+    if spec.recipe.engine != "verl":
+        return None, "not applicable: trl has no verl config (its GRPOConfig is built in the job)"
+    from hpc_grpo.engines.verl_schema import verl_config_dir, verl_version
+
+    folder = verl_config_dir()
+    if folder is None:
+        return None, "not available: verl's config files are not installed (pip install --no-deps verl hydra-core omegaconf)"
+    if any(f.key.startswith(("engine.", "passthrough.")) for f in plan.findings if f.severity is Severity.ERROR):
+        return None, "not computed: verl's config rejects this run's overrides (see the errors below)"
+    from hpc_grpo.engines.verl_defaults import diff_defaults
+
+    found = diff_defaults(spec, folder)
+    return found, f"{len(found)} verl keys differ from verl {verl_version()}'s defaults"
 
 
 def schema_check(spec: RunSpec, already: list[Finding]) -> tuple[str, list[Finding]]:

@@ -134,8 +134,9 @@ def check_data(spec: RunSpec, make: Make) -> list[Finding]:
 
     out: list[Finding] = []
     need = DATA_COLUMNS[spec.recipe.engine]
-    for key in ("train_files", "val_files"):
-        path = Path(getattr(spec.recipe.data, key))
+    d = spec.recipe.data
+    for key, path in [(k, Path(f)) for k, files in (("train_files", d.train_list), ("val_files", d.val_list))
+                      for f in files]:
         if path.is_dir():
             out.append(make(f"data.{key}", f"{path} is a folder, not a data file",
                             f"point data.{key} at the {'.parquet' if spec.recipe.engine == 'verl' else '.jsonl'} file "

@@ -44,8 +44,20 @@ GPU_SPEED = {"h100": 2.0, "h200": 2.2, "a100": 1.0}  # relative to an A100 (bf16
 STARTUP_S = 300  # Ray start, model load, vLLM init and graph capture before step 1 (rough)
 
 
-def dataset_rows(path: str) -> tuple[int | None, str]:
-    """Rows of a data file and where the number came from (parquet footer, jsonl lines, known table)."""
+def dataset_rows(files: str | list[str]) -> tuple[int | None, str]:
+    """Rows of a data key's files (verl concatenates a list) and where the number came from; None when one is
+    unknown."""
+    if isinstance(files, list) and len(files) != 1:
+        counts = [_file_rows(f) for f in files]
+        unknown = next((how for rows, how in counts if rows is None), None)
+        if unknown is not None:
+            return None, unknown
+        return sum(rows or 0 for rows, _ in counts), " + ".join(how for _, how in counts)
+    return _file_rows(files if isinstance(files, str) else files[0])
+
+
+def _file_rows(path: str) -> tuple[int | None, str]:
+    """Rows of one data file and where the number came from (parquet footer, jsonl lines, known table)."""
     p = Path(path)
     unread = f"{p} is not readable here"
     if p.is_file():

@@ -83,7 +83,7 @@ def test_passthrough_cannot_fight_a_modelled_field() -> None:
     (["batch.mini=2048"], "batch.mini", "> train_batch_size"),
     (["batch.micro_per_gpu=48"], "batch.micro_per_gpu", "not divisible by micro batch"),
     (["batch.micro_per_gpu=null"], "batch.micro_per_gpu", "exactly one micro-batch"),
-    (["parallel.rollout_tp=3"], "parallel.rollout_tp", "not divisible by rollout TP"),
+    (["parallel.rollout_tp=3"], "parallel.rollout_tp", "does not divide the 4 GPUs per node"),
     (["resources.gpus_per_node=16"], "resources.gpus_per_node", "nodes have 8"),
     (["resources.nodes=99"], "resources.nodes", "has 16"),
     (["parallel.tp=2"], "parallel.tp", "Megatron layout"),
