@@ -18,7 +18,7 @@ ArgsT = Annotated[Optional[list[str]], typer.Argument(help="recipe=NAME [cluster
 JsonT = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 NameT = Annotated[Optional[str], typer.Option("--name", help="run name (default: recipe name + timestamp)")]
 SchemaT = Annotated[bool, typer.Option("--schema/--no-schema", help="compose against verl's real config if installed")]
-AcceptT = Annotated[list[str], typer.Option("--accept", help="accept an estimate's error, recorded in the run's spec.yaml "
+AcceptT = Annotated[list[str], typer.Option("--accept", help="accept an estimate's error, recorded in the run's frozen spec "
                                              "(repeatable; acceptable: memory). A rule's error cannot be accepted")]
 RunT = Annotated[Optional[str], typer.Argument(help="run name or folder (default: the newest run)")]
 WaitT = Annotated[Optional[bool], typer.Option("--wait/--no-wait", help="follow the job to its end "
