@@ -18,6 +18,8 @@ ArgsT = Annotated[list[str] | None, typer.Argument(help="recipe=NAME [cluster=NA
 JsonT = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 NameT = Annotated[str | None, typer.Option("--name", help="run name (default: recipe name + timestamp)")]
 SchemaT = Annotated[bool, typer.Option("--schema/--no-schema", help="compose against verl's real config if installed")]
+AcceptT = Annotated[list[str] | None, typer.Option("--accept", help="accept an estimate's error, recorded in the run's frozen spec "
+                                             "(repeatable; acceptable: memory). A rule's error cannot be accepted")]
 RunT = Annotated[str | None, typer.Argument(help="run name or folder (default: the newest run)")]
 WaitT = Annotated[bool | None, typer.Option("--wait/--no-wait", help="follow the job to its end "
                                                "(default: on for cluster=local)")]

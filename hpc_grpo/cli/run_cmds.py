@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from hpc_grpo.cli.console import Table, err, out, print_findings, print_json, print_rows
-from hpc_grpo.cli.options import ArgsT, JsonT, NameT, SchemaT, WaitT, parse_args, pick_cluster, resolve
+from hpc_grpo.cli.options import AcceptT, ArgsT, JsonT, NameT, SchemaT, WaitT, parse_args, pick_cluster, resolve
 from hpc_grpo.cli.watch_cmds import wait_for
 
 
@@ -165,11 +165,12 @@ DiffT = Annotated[bool, typer.Option("--diff-defaults", help="also list every ve
 
 
 def plan(args: ArgsT = None, as_json: JsonT = False, schema: SchemaT = True, name: NameT = None,
-         diff_defaults: DiffT = False) -> None:
+         diff_defaults: DiffT = False, accept: AcceptT = None) -> None:
     """Check a recipe on a cluster: layout, batch math, memory per GPU, verl's schema. Writes nothing."""
-    from hpc_grpo.planning.plan import run_plan
+    from hpc_grpo.planning.plan import check_accept, run_plan
 
-    result = run_plan(resolve(args, name), schema=schema, diff_defaults=diff_defaults)
+    accepted = check_accept(accept or [])
+    result = run_plan(resolve(args, name), schema=schema, diff_defaults=diff_defaults, accept=accepted)
     if as_json:
         print_json(plan_json(result))
     else:
@@ -184,14 +185,16 @@ def render(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="folder to write into (default: print)")] = None,
     name: NameT = None,
     schema: SchemaT = True,
+    accept: AcceptT = None,
 ) -> None:
     """Render the frozen spec and every script of a run; print them or write them to -o DIR."""
     from hpc_grpo.launch.render import render_all, write_files
-    from hpc_grpo.planning.plan import run_plan
+    from hpc_grpo.planning.plan import check_accept, run_plan
 
-    spec = resolve(args, name)
-    refuse_unless_ok(run_plan(spec, schema=schema), "Nothing rendered")
-    files = render_all(spec)
+    accepted = check_accept(accept or [])
+    result = run_plan(resolve(args, name), schema=schema, accept=accepted)
+    refuse_unless_ok(result, "Nothing rendered")
+    files = render_all(result.spec)  # the spec records what was accepted
     if output is None:
         for rel, text in files.items():
             out.rule(rel)
@@ -207,14 +210,16 @@ def submit(
     name: NameT = None,
     schema: SchemaT = True,
     wait: WaitT = None,
+    accept: AcceptT = None,
 ) -> None:
     """Plan, create the run directory, render, and submit through submitit (Slurm or local)."""
     from hpc_grpo.launch.render import render_all
-    from hpc_grpo.planning.plan import run_plan
+    from hpc_grpo.planning.plan import check_accept, run_plan
 
-    spec = resolve(args, name)
-    result = run_plan(spec, schema=schema, for_submit=True)
+    accepted = check_accept(accept or [])
+    result = run_plan(resolve(args, name), schema=schema, for_submit=True, accept=accepted)
     refuse_unless_ok(result, "Nothing submitted")
+    spec = result.spec  # records what was accepted (spec.yaml)
     files = render_all(spec)
     print_code_isolation(result)
     if dry_run:

@@ -59,6 +59,10 @@ def print_status(status: Any) -> None:
             t.add_row(r.job_id, str(r.attempt), r.ended, r.cause,
                       "-" if r.resumed_step is None else str(r.resumed_step), r.detail or "-")
         out.print(t)
+    for acc in spec.accepted:
+        from rich.markup import escape
+
+        out.print(f"[yellow]accepted when the run was made (--accept {escape(acc.check)}):[/] {escape(acc.finding)}")
     for failure in status.failures:
         out.print(f"[bold red]stopped:[/] {failure}")
     if status.trained:

@@ -101,7 +101,7 @@ class RunStatus:
                 "last_step": self.last_step, "newest_checkpoint": self.newest_checkpoint,
                 "complete_checkpoints": self.complete_checkpoints, "time_used_s": self.time_used_s, "logs": self.logs,
                 "restarts": [r.__dict__ for r in self.restarts], "failures": self.failures,
-                "trained": self.trained}
+                "trained": self.trained, "accepted": [a.model_dump() for a in self.spec.accepted]}
 
 
 def checkpoints(spec: RunSpec) -> list[ck.Checkpoint]:

@@ -28,8 +28,10 @@ class Finding:
     key: str
     message: str
     fix: str = ""
+    # An estimate (memory), not a rule the engine enforces: its error may be accepted (`--accept KEY`); a rule's never.
+    estimate: bool = False
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, str | bool]:
         d = asdict(self)
         d["severity"] = self.severity.value
         return d
@@ -41,6 +43,11 @@ class Finding:
 
 def error(key: str, message: str, fix: str = "") -> Finding:
     return Finding(Severity.ERROR, key, message, fix)
+
+
+def estimate(severity: Severity, key: str, message: str, fix: str = "") -> Finding:
+    """A finding from an estimate (not a rule): an error of this kind can be accepted explicitly."""
+    return Finding(severity, key, message, fix, estimate=True)
 
 
 def warning(key: str, message: str, fix: str = "") -> Finding:

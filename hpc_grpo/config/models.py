@@ -236,6 +236,22 @@ _TABLE: tuple[ModelShape, ...] = (
         model_type="qwen3_moe",
     ),
     ModelShape(
+        name="Qwen3-235B-A22B",
+        num_attention_heads=64,
+        num_key_value_heads=4,
+        num_hidden_layers=94,
+        hidden_size=4096,
+        intermediate_size=12288,  # unused: every layer is MoE
+        vocab_size=151936,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=1536,
+        tie_word_embeddings=False,
+        head_dim=128,
+        qk_norm=True,
+        model_type="qwen3_moe",
+    ),
+    ModelShape(
         name="Llama-3.1-8B-Instruct",
         num_attention_heads=32,
         num_key_value_heads=8,

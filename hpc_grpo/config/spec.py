@@ -397,6 +397,14 @@ class Recipe(Strict):
 
 
 # -------------------------------------------------------------------------------------- run spec
+class Acceptance(Strict):
+    """An estimate's error the user accepted explicitly (`plan/submit --accept CHECK`), kept in the frozen spec."""
+
+    check: str
+    finding: str = ""  # the error as plan stated it when it was accepted
+
+
+# -------------------------------------------------------------------------------------- run spec
 class RunSpec(Strict):
     """The frozen spec a run is made from: recipe and cluster resolved, with the run's place."""
 
@@ -409,6 +417,7 @@ class RunSpec(Strict):
     # Frozen at render/submit time: one interpreter for every in-job step, on every node and restart.
     python: str
     overrides: list[str] = []
+    accepted: list[Acceptance] = []
 
     @property
     def path(self) -> Path:

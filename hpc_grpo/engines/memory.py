@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hpc_grpo.common.findings import Finding, error, info, warning
+from hpc_grpo.common.findings import Finding, Severity, estimate, info, warning
 
 __all__ = ["MemoryEstimate", "memory_findings"]
 
@@ -77,9 +77,10 @@ def memory_findings(est: MemoryEstimate, key_prefix: str = "memory") -> list[Fin
     )
     top = est.advice[0] if est.advice else ""
     if est.total_gib > est.capacity_gib:
-        out.append(error(key_prefix, f"does not fit: {what}", top or "use more GPUs or a smaller model"))
+        out.append(estimate(Severity.ERROR, key_prefix, f"does not fit (rough estimate): {what}",
+                            top or "use more GPUs or a smaller model"))
     elif est.total_gib > WARN_FRACTION * est.capacity_gib:
-        out.append(warning(key_prefix, f"tight (rough estimate, OOM likely): {what}", top))
+        out.append(estimate(Severity.WARNING, key_prefix, f"tight (rough estimate, OOM likely): {what}", top))
     else:
         out.append(info(key_prefix, f"within GPU memory (rough estimate): {what}"))
     for note in est.notes:
@@ -87,7 +88,8 @@ def memory_findings(est: MemoryEstimate, key_prefix: str = "memory") -> list[Fin
     if est.rollout_kv_gib is not None:
         if est.rollout_kv_gib <= 0:
             out.append(
-                error(
+                estimate(
+                    Severity.ERROR,
                     f"{key_prefix}.rollout",
                     f"vLLM's share ({est.terms['rollout']:.1f} GiB) cannot hold the model weights and a KV cache",
                     "raise rollout.gpu_memory_utilization or parallel.rollout_tp",

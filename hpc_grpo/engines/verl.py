@@ -242,6 +242,14 @@ def modelled_overrides(spec: RunSpec) -> list[Override]:
     return out
 
 
+def composed(spec: RunSpec) -> dict[str, object]:
+    """verl's settings as main_ppo gets them, by bare key: hpc-grpo's overrides, then the passthrough keys (the engine
+    check refuses a passthrough key that fights a modelled one). The one reader for checks of a verl setting."""
+    values: dict[str, object] = {bare_key(o.key): o.value for o in modelled_overrides(spec)}
+    values.update({bare_key(k): v for k, v in spec.recipe.passthrough.items()})
+    return values
+
+
 # verl 0.9.1 (single_controller/ray/base.py): each GPU's placement-group bundle reserves max_colocate_count = 3 Ray CPUs,
 # and placement groups wait forever, without an error, until every bundle fits. Beside the bundles, with verl's
 # default config, these actors reserve one CPU each (main_ppo.py, transfer_queue, agent_loop_tq.py, reward_loop); Ray

@@ -13,6 +13,9 @@ from hpc_grpo.common.findings import Finding, error, info, warning
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.config.layout import Layout
 from hpc_grpo.config.models import ModelShape
+from hpc_grpo.engines.megatron_pipeline import (EMBED_KEY, FIRST_KEY, LAST_KEY, LAYOUT_KEY, LOSS_KEY, PipelineSplit,
+                                                Refused, stage_layers)
+from hpc_grpo.engines.verl_offload import as_bool
 
 
 # Samplers verl's CPU mode runs: vLLM's CPU build (verl's own vLLM server), or hpc-grpo's HF server (no vLLM needed)
@@ -134,10 +137,7 @@ def check_layout(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> list[F
         out.append(error("parallel.tp", f"{shape.name} has {kv} KV heads (query groups), not divisible by TP {tp}",
                          f"use a TP dividing {kv}"))
     if r.backend == "megatron":
-        stages = p.pp * (p.vpp or 1)
-        if shape.num_hidden_layers % stages:
-            out.append(error("parallel.pp", f"{shape.name} has {shape.num_hidden_layers} layers, not divisible by PP x VPP = {stages}",
-                             f"use a PP (x VPP) dividing {shape.num_hidden_layers}"))
+        out.extend(check_pipeline_split(spec, shape))
         if p.ep > 1 and not shape.num_experts:
             out.append(error("parallel.ep", f"{shape.name} is a dense model: expert parallel {p.ep} has nothing to split",
                              "use parallel.ep=1"))
@@ -156,6 +156,48 @@ def check_layout(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> list[F
                             + (f", EP {advised[2]}" if shape.num_experts else "") + f" for {label} models; this recipe uses "
                             f"TP {p.tp}, PP {p.pp}" + (f", EP {p.ep}" if shape.num_experts else ""), "advice only"))
     return out
+
+
+def pipeline_split_of(spec: RunSpec, num_layers: int) -> tuple[PipelineSplit, list[str]]:
+    """The recipe's pipeline settings as megatron-core will get them, and those set by verl keys (`name=value`)."""
+    from hpc_grpo.engines.verl import composed
+
+    values = composed(spec)
+    typed = [f"{k.rsplit('.', 1)[1]}={values[k]}" for k in (EMBED_KEY, LOSS_KEY, FIRST_KEY, LAST_KEY)
+             if values.get(k) not in (None, False)]
+
+    def count(key: str) -> int | None:
+        v = values.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    p = spec.recipe.parallel
+    return PipelineSplit(num_layers=num_layers, pp=p.pp, vpp=p.vpp, first=count(FIRST_KEY), last=count(LAST_KEY),
+                         embedding=as_bool(values.get(EMBED_KEY, False)),
+                         loss=as_bool(values.get(LOSS_KEY, False))), typed
+
+
+def check_pipeline_split(spec: RunSpec, shape: ModelShape) -> list[Finding]:
+    """megatron-core's layer split over the pipeline stages: shown, or refused where megatron-core refuses it."""
+    from hpc_grpo.engines.verl import composed
+
+    if spec.recipe.parallel.pp == 1:
+        return []
+    if LAYOUT_KEY in composed(spec):
+        return [info(f"passthrough.{LAYOUT_KEY}", "a custom pipeline layout: megatron-core checks it at start-up "
+                     "(hpc-grpo does not model it)")]
+    split, typed = pipeline_split_of(spec, shape.num_hidden_layers)
+    vpp = f" x VPP {split.vpp}" if split.vpp else ""
+    by = f" with {', '.join(typed)}" if typed else ""
+    try:
+        stages = stage_layers(split)
+    except Refused as exc:
+        return [error("parallel.pp", f"megatron-core refuses {shape.name}'s {shape.num_hidden_layers} layers on "
+                      f"PP {split.pp}{vpp}{by}: {exc}",
+                      f"use a PP (x VPP) that divides {shape.num_hidden_layers} layers, or let the first/last stage "
+                      f"carry the rest: +{EMBED_KEY}=True / +{LOSS_KEY}=True (each counts as one layer), or "
+                      f"+{FIRST_KEY}=N / +{LAST_KEY}=N")]
+    return [info("parallel.pp", f"megatron-core builds {shape.name}'s {shape.num_hidden_layers} layers on PP "
+                 f"{split.pp}{vpp}{by} as {stages} per stage")]
 
 
 # -------------------------------------------------------------------------------------- batches

@@ -71,6 +71,20 @@ NOT_IN_VERL: dict[str, str] = {
     "save_interval": "trainer.save_freq (recipe key checkpoint.save_freq)",
 }
 
+# Megatron's optimizer settings (megatron-core's OptimizerConfig fields) go under the actor's optim section: verl 0.9.1
+# copies it into OptimizerConfig (verl/utils/megatron/optimizer.py). Its McoreEngineConfig (the `megatron` section) has
+# no override_optimizer_config field, so a key typed there stops main_ppo while it builds the actor's config.
+OPTIMIZER_OVERRIDE = "actor_rollout_ref.actor.optim.override_optimizer_config"
+OPTIMIZER_OFFLOAD_KNOBS = ("optimizer_cpu_offload", "optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d",
+                           "use_precision_aware_optimizer")
+NOT_IN_VERL.update({
+    f"actor_rollout_ref.{role}.megatron.override_optimizer_config.{knob}": (
+        f"+{OPTIMIZER_OVERRIDE}.{knob} (verl 0.9.1 reads megatron-core's optimizer settings from the actor's optim "
+        "section; its megatron section has no override_optimizer_config)"
+    )
+    for role in ("actor", "ref") for knob in OPTIMIZER_OFFLOAD_KNOBS
+})
+
 KEY_RE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*\Z")
 
 

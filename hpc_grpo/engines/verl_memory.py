@@ -15,6 +15,7 @@ from hpc_grpo.engines.verl_memory_model import USABLE_FRACTION, Inputs, compute
 from hpc_grpo.config.layout import Layout
 from hpc_grpo.config.models import ModelShape
 from hpc_grpo.engines.memory import WARN_FRACTION, MemoryEstimate, memory_findings
+from hpc_grpo.engines.verl_offload import CPU_OFFLOAD_KEY, FRACTION_KEY, OFFLOAD_POLICY_KEY, offload_key, read_offloads
 
 __all__ = ["check_memory", "estimate_memory"]
 
@@ -44,7 +45,7 @@ def estimate_memory(
     activation_checkpointing: bool = True,
     dtype_bytes: int = 2,
     etp: int | None = None,
-    train_offload: bool = False,
+    train_offload: float = 0.0,
     sequence_parallel: bool = True,
     fsdp_param_bytes: int = 4,
     rollout_tp: int | None = None,
@@ -53,6 +54,7 @@ def estimate_memory(
     log_prob_micro_batch_per_gpu: int | None = None,
     enforce_eager: bool = False,
     max_num_seqs: int = VLLM_DEFAULT_MAX_NUM_SEQS,
+    cpu_offload_typed: bool = False,
 ) -> MemoryEstimate:
     """Estimate per-GPU memory of a verl GRPO step (the model: hpc_grpo.engines.verl_memory_model).
 
@@ -64,6 +66,9 @@ def estimate_memory(
     context, NCCL buffers, allocator slack and what sleeping vLLM keeps. rollout_tp (vLLM's TP)
     enables the "weights fit in vLLM's share" check. log_prob_micro_batch_per_gpu (None = the
     training micro batch) sizes the log-prob phase; enforce_eager drops vLLM's CUDA-graph pool.
+    train_offload is the share of the optimizer stepped on the CPU (Megatron: optimizer_offload_fraction when
+    optimizer_cpu_offload is on; FSDP: 1 for FSDP2's CPUOffloadPolicy); cpu_offload_typed says Megatron's
+    optimizer_cpu_offload is already set, so advice names only the fraction.
     """
     if backend not in ("fsdp", "megatron"):
         raise ValueError(f"backend must be 'fsdp' or 'megatron', not {backend!r}")
@@ -101,6 +106,7 @@ def estimate_memory(
         log_prob_micro=log_prob_micro_batch_per_gpu or micro_batch_per_gpu,
         enforce_eager=enforce_eager,
         max_num_seqs=max_num_seqs,
+        cpu_offload_typed=cpu_offload_typed,
     )
     est = compute(inp)
     if est.total_gib > WARN_FRACTION * est.capacity_gib:
@@ -110,10 +116,9 @@ def estimate_memory(
 
 # ------------------------------------------------------------------------------------- advice
 def _verl_key(i: Inputs, what: str) -> str:
-    eng = "megatron" if i.backend == "megatron" else "fsdp_config"
     role = "ref" if what == "ref_param" else "actor"
     knob = "param_offload" if what in ("param", "ref_param") else "optimizer_offload"
-    return f"actor_rollout_ref.{role}.{eng}.{knob}=True"
+    return f"{offload_key(i.backend, role, knob)}=True"
 
 
 # Cost tiers, used to order knobs that are each enough on their own: a smaller KV cache, eager vLLM, a
@@ -133,19 +138,21 @@ def _candidates(i: Inputs, est: MemoryEstimate) -> list[tuple[str, Inputs, int]]
     s, W = i.shape, i.world_size
     out: list[tuple[str, Inputs, int]] = []
     megatron = i.backend == "megatron"
-    if not i.train_offload:
-        if megatron:
+    if i.train_offload < 1:
+        if megatron and i.cpu_offload_typed:  # never suggest the flag already typed: what it lacks is the fraction
             label = (
-                "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True "
-                "(+ optimizer_offload_fraction=1.0; optimizer step on the CPU, slower)"
+                f"+{FRACTION_KEY}=1.0 (optimizer_cpu_offload is set, but megatron-core offloads only this fraction "
+                f"of the optimizer, {i.train_offload:g} now, default 0.0; optimizer step on the CPU, slower)"
             )
+        elif megatron:
+            label = f"+{CPU_OFFLOAD_KEY}=True +{FRACTION_KEY}=1.0 (optimizer step on the CPU, slower)"
         else:
             label = (
-                "actor_rollout_ref.actor.strategy=fsdp2 + actor_rollout_ref.actor.fsdp_config.offload_policy=True "
+                f"actor_rollout_ref.actor.strategy=fsdp2 {OFFLOAD_POLICY_KEY}=True "
                 "(params/grads/optimizer on the CPU during the update, slower)"
             )
-        out.append((label, replace(i, train_offload=True), _COSTLY))
-    if not i.optimizer_offload and not i.train_offload:
+        out.append((label, replace(i, train_offload=1.0), _COSTLY))
+    if not i.optimizer_offload and i.train_offload < 1:
         out.append((f"offload.optimizer=true ({_verl_key(i, 'optimizer')})", replace(i, optimizer_offload=True), _CHEAP))
     if not i.param_offload:
         out.append((f"offload.param=true ({_verl_key(i, 'param')})", replace(i, param_offload=True), _CHEAP))
@@ -224,6 +231,7 @@ def check_memory(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> tuple[
         return [], None
     from hpc_grpo.engines.verl import max_num_seqs
 
+    off = read_offloads(spec)  # verl's keys as main_ppo reads them: recipe and passthrough alike
     seq = r.data.max_prompt_length + r.data.max_response_length
     micro = r.batch.micro_per_gpu or 1
     if r.batch.dynamic_bsz:
@@ -237,9 +245,11 @@ def check_memory(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> tuple[
         ep=lay.ep if r.backend == "megatron" else 1,
         cp=lay.cp if r.backend == "megatron" else 1,
         lora_rank=r.lora.rank,
-        param_offload=r.offload.param,
-        optimizer_offload=r.offload.optimizer,
-        ref_param_offload=r.offload.ref_param,
+        param_offload=off.param,
+        optimizer_offload=off.optimizer,
+        ref_param_offload=off.ref_param,
+        train_offload=off.train_fraction,
+        cpu_offload_typed=off.cpu_offload_typed,
         use_ref=r.grpo.uses_reference,
         gpu_memory_utilization=r.rollout.gpu_memory_utilization,
         gpu_memory_gb=spec.cluster.gpu_memory_gb,
@@ -255,6 +265,11 @@ def check_memory(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> tuple[
         max_num_seqs=max_num_seqs(spec),
     )
     findings = memory_findings(est)
+    if off.cpu_offload_typed and off.train_fraction == 0:
+        findings.append(warning(f"passthrough.+{CPU_OFFLOAD_KEY}", "optimizer_cpu_offload=True moves nothing by itself: "
+                                f"megatron-core offloads optimizer_offload_fraction of the optimizer, "
+                                f"{'set to 0' if off.fraction_typed else 'default 0.0'}",
+                                f"add +{FRACTION_KEY}=1.0 (the whole optimizer on the CPU), or drop the flag"))
     host_need = est.host_gib * lay.gpus_per_node
     if host_need > spec.cluster.mem_per_node_gb:
         findings.append(warning("offload", f"offloaded state needs ~{host_need:.0f} GiB of host memory per node; "

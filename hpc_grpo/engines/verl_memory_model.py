@@ -16,7 +16,9 @@ How verl uses a GPU (hybrid engine: the actor, the reference and vLLM share ever
   verl/workers/engine/base.py): `param_offload` / `optimizer_offload` only make room for vLLM,
   they do NOT lower the training peak. What does is `train_offload`: FSDP2's CPUOffloadPolicy
   (`actor.strategy=fsdp2` + `fsdp_config.offload_policy=True`: params, grads and the optimizer
-  step on the CPU) or Megatron's `optimizer_cpu_offload` (optimizer states and step on the CPU).
+  step on the CPU) or Megatron's `optimizer_cpu_offload` (megatron-core's HybridDeviceOptimizer: the fp32 master
+  copy, the Adam moments and the step of `optimizer_offload_fraction` of the parameters on the CPU; the fraction
+  defaults to 0.0, hpc_grpo.engines.verl_offload).
 * log-prob phase (compute_log_prob, old and reference log-probs): vLLM sleeps, the actor's weights
   are loaded for a forward pass of `log_prob_micro_batch_size_per_gpu` sequences. verl 0.9.1 keeps the
   bf16 logits plus two tensors of the same size for the entropy (6 B per token x vocabulary entry):
@@ -84,7 +86,7 @@ class Inputs:
     param_offload: bool
     optimizer_offload: bool
     ref_param_offload: bool
-    train_offload: bool
+    train_offload: float  # share of the optimizer stepped on the CPU, 0..1 (FSDP2's policy: 1, params and grads too)
     use_ref: bool
     gpu_memory_utilization: float
     gpu_memory_gb: float
@@ -100,6 +102,7 @@ class Inputs:
     log_prob_micro: int
     enforce_eager: bool
     max_num_seqs: int
+    cpu_offload_typed: bool = False  # Megatron's optimizer_cpu_offload already set (advice names only the fraction)
 
 
 # ------------------------------------------------------------------------------------ the model
@@ -172,14 +175,16 @@ def compute(i: Inputs) -> MemoryEstimate:
     terms = {k: v / GIB for k, v in terms_b.items()}
 
     # what sits where, per phase
-    train_off_w = i.train_offload and not megatron  # FSDP2 CPUOffloadPolicy: params+grads+optimizer
-    train_off_opt = i.train_offload  # both backends: optimizer on the CPU
-    ref_resident = megatron and reference > 0 and not i.ref_param_offload
+    cpu_share = min(1.0, max(0.0, float(i.train_offload)))
+    train_off_w = cpu_share > 0 and not megatron  # FSDP2 CPUOffloadPolicy: params+grads+optimizer
+    opt_gpu = terms["optimizer"] * (1.0 - cpu_share)  # Megatron's hybrid optimizer keeps the rest on the GPU
     z = 0.0
+    opt_idle = z if i.optimizer_offload else opt_gpu
+    ref_resident = megatron and reference > 0 and not i.ref_param_offload
     training = {
         "weights": z if train_off_w else terms["weights"],
         "gradients": z if train_off_w else terms["gradients"],
-        "optimizer": z if train_off_opt else terms["optimizer"],
+        "optimizer": opt_gpu,
         "reference": terms["reference"] if ref_resident else z,
         "activations": terms["activations"],
         "fsdp_gather": terms["fsdp_gather"],
@@ -189,7 +194,7 @@ def compute(i: Inputs) -> MemoryEstimate:
     idle_actor = {  # actor state left on the GPU outside update_actor
         "weights": z if (i.param_offload or train_off_w) else terms["weights"],
         "gradients": terms["gradients"] if (megatron and not i.param_offload) else z,
-        "optimizer": z if (i.optimizer_offload or train_off_opt) else terms["optimizer"],
+        "optimizer": opt_idle,
     }
     rollout = {
         "rollout": terms["rollout"],
@@ -201,7 +206,7 @@ def compute(i: Inputs) -> MemoryEstimate:
     log_prob = {  # the actor's weights back for a forward pass; the optimizer stays where it is
         "weights": z if train_off_w else terms["weights"],
         "gradients": terms["gradients"] if (megatron and not i.param_offload) else z,
-        "optimizer": z if (i.optimizer_offload or train_off_opt) else terms["optimizer"],
+        "optimizer": opt_idle,
         "reference": terms["reference"] if ref_resident else z,
         "activations": lp_layer / GIB,
         "log_prob_logits": terms["log_prob_logits"],
@@ -227,8 +232,7 @@ def compute(i: Inputs) -> MemoryEstimate:
     host = 0.0
     if i.param_offload or train_off_w:
         host += terms["weights"] + (terms["gradients"] if megatron or train_off_w else 0.0)
-    if i.optimizer_offload or train_off_opt:
-        host += terms["optimizer"]
+    host += terms["optimizer"] if i.optimizer_offload else terms["optimizer"] * cpu_share
     if megatron and reference > 0 and i.ref_param_offload:
         host += terms["reference"]
     if not megatron and i.use_ref and full_ft:

@@ -15,12 +15,15 @@ from pathlib import Path
 
 from hpc_grpo.engines import get_engine
 from hpc_grpo.engines.verl_checks import check_batches, check_layout, check_rollout
-from hpc_grpo.common.findings import Finding, Severity, cannot_read, error, has_errors, warning
+from hpc_grpo.common.findings import Finding, Severity, cannot_read, error, has_errors, info, warning
 from hpc_grpo.config.layout import Layout, layout_of
 from hpc_grpo.config.models import ModelShape, resolve_shape
 from hpc_grpo.planning.resources import check_resources
 from hpc_grpo.common.yamlio import SpecError
-from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.config.spec import Acceptance, RunSpec
+
+# Checks whose findings are estimates, not rules an engine enforces: only their errors can be accepted (--accept).
+ACCEPTABLE = {"memory": "the per-GPU memory estimate (rough by design: good to tens of percent)"}
 
 
 @dataclass
@@ -160,9 +163,41 @@ def _code_isolation(spec: RunSpec) -> tuple[str | None, list[Finding]]:
 
 
 # ----------------------------------------------------------------------------------------- plan
-def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False, diff_defaults: bool = False) -> Plan:
-    """All checks; the engine's own schema last (it is the slowest and needs verl's YAMLs). diff_defaults: also
-    compare the run's verl config with verl's defaults (two more Hydra composes, ~1-3 s)."""
+def check_accept(names: list[str]) -> list[str]:
+    """The --accept values, each an estimate's check; SpecError (exit 2) naming the acceptable ones otherwise."""
+    for name in names:
+        if name not in ACCEPTABLE:
+            known = "; ".join(f"{k}: {v}" for k, v in ACCEPTABLE.items())
+            raise SpecError(f"--accept {name}: only an estimate's finding can be accepted, and '{name}' is not one "
+                            f"(a rule's error, such as a layout or batch rule, must be fixed). Acceptable: {known}",
+                            key="--accept")
+    return list(dict.fromkeys(names))
+
+
+def apply_acceptances(spec: RunSpec, findings: list[Finding], names: list[str]) -> tuple[RunSpec, list[Finding]]:
+    """Accepted estimates' errors become warnings that say so; the spec records each (frozen in spec.yaml)."""
+    kept: list[Finding] = []
+    accepted: list[Acceptance] = []
+    for f in findings:
+        name = next((n for n in names if f.key == n or f.key.startswith(n + ".")), None)
+        if name and f.estimate and f.severity is Severity.ERROR:
+            accepted.append(Acceptance(check=name, finding=f"{f.key}: {f.message}"))
+            kept.append(Finding(Severity.WARNING, f.key, f"accepted (--accept {name}): {f.message}", f.fix, estimate=True))
+        else:
+            kept.append(f)
+    for name in names:
+        if not any(a.check == name for a in accepted):
+            kept.append(info("--accept", f"{name}: no error of this estimate to accept; nothing recorded"))
+    return spec.model_copy(update={"accepted": accepted}), kept
+
+
+def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False, accept: list[str] | None = None,
+             diff_defaults: bool = False) -> Plan:
+    """All checks; the engine's own schema last (it is the slowest and needs verl's YAMLs).
+
+    accept: estimates whose errors the user accepts (check_accept); None = those the spec already records (resume).
+    plan.spec then records what was accepted: render the run from it. diff_defaults: also compare the run's verl
+    config with verl's defaults (two more Hydra composes, ~1-3 s)."""
     lay = layout_of(spec)
     try:
         shape = resolve_shape(spec.recipe.model.path)
@@ -204,6 +239,8 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False, diff_
         plan.schema_checked = "disabled (--no-schema)"
     else:
         plan.schema_checked = "not applicable (trl: GRPOConfig is built and checked in the job)"
+    names = check_accept(accept) if accept is not None else [a.check for a in spec.accepted]
+    plan.spec, plan.findings = apply_acceptances(spec, plan.findings, names)
     if diff_defaults:
         plan.defaults_diff, plan.defaults_note = defaults_diff(spec, plan)
     return plan

@@ -144,7 +144,7 @@ def test_submit_dry_run_shows_the_eval_script(isolated: Path, monkeypatch: pytes
     from hpc_grpo.planning import plan
 
     real = plan.run_plan
-    monkeypatch.setattr(plan, "run_plan", lambda spec, schema=True, for_submit=False: real(spec, schema=False))
+    monkeypatch.setattr(plan, "run_plan", lambda spec, schema=True, for_submit=False, **kw: real(spec, schema=False, **kw))
     monkeypatch.setattr(sys, "argv", ["hpc-grpo", "submit", "--dry-run", "recipe=qwen2.5-3b-gsm8k-lora",
                                       "cluster=a100-ib", "--name=t", f"cluster.runs_root={isolated}", *DATA])
     with pytest.raises(SystemExit) as exc:

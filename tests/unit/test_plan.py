@@ -94,8 +94,8 @@ def test_batch_and_layout_rules(overrides, key, text) -> None:
 
 
 def test_megatron_layers_experts_and_etp() -> None:
-    assert any("layers, not divisible by PP" in f.message for f in errors(plan_of("qwen2.5-72b-megatron", "a100-ib", "parallel.pp=3",
-                                                                                  "resources.nodes=3")))
+    assert any("80 layers do not divide by PP 3" in f.message for f in errors(plan_of("qwen2.5-72b-megatron", "a100-ib",
+                                                                                      "parallel.pp=3", "resources.nodes=3")))
     moe = plan_of("qwen3-30b-a3b-moe", "a100-ib", "parallel.ep=3")
     assert any("128 experts, not divisible by EP 3" in f.message for f in errors(moe))
     etp = plan_of("qwen3-30b-a3b-moe", "a100-ib", "parallel.etp=4")
