@@ -18,18 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from hpc_grpo.planning.ckpt_size import CheckpointSize, checkpoint_size
-from hpc_grpo.common.findings import Finding, cannot_read, info, warning
+from hpc_grpo.common.findings import Finding, info, warning
 from hpc_grpo.config.models import ModelShape
 from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.config.steps import dataset_rows
 
-__all__ = ["KNOWN_ROWS", "Schedule", "dataset_rows", "estimate_step_s", "make_schedule", "schedule_findings"]
-
-# Row counts of data sets hpc-grpo prepares, for plans made where the file is not readable (a login node
-# without the cluster's scratch, CI): (path fragment, file stem) -> rows.
-KNOWN_ROWS = {("gsm8k", "train"): 7473, ("gsm8k", "test"): 1319}
+__all__ = ["Schedule", "estimate_step_s", "make_schedule", "schedule_findings"]
 
 # Calibration (report 004): 105 steps, n=5 -> 6.5 h, n=10 -> 11 h; the tuned n=5 run -> 6 h.
 _CAL_PARAMS_PER_GPU = 3.09e9 / 4
@@ -42,42 +38,6 @@ FIXED_S_PER_PARAM_PER_GPU = _FIXED / _CAL_PARAMS_PER_GPU
 SAMPLE_S_PER_PARAM_TOKEN = _PER_SAMPLE_5 / (_CAL_ACTIVE * _CAL_TOKENS_PER_GPU)
 GPU_SPEED = {"h100": 2.0, "h200": 2.2, "a100": 1.0}  # relative to an A100 (bf16 dense, rough)
 STARTUP_S = 300  # Ray start, model load, vLLM init and graph capture before step 1 (rough)
-
-
-def dataset_rows(files: str | list[str]) -> tuple[int | None, str]:
-    """Rows of a data key's files (verl concatenates a list) and where the number came from; None when one is
-    unknown."""
-    if isinstance(files, list) and len(files) != 1:
-        counts = [_file_rows(f) for f in files]
-        unknown = next((how for rows, how in counts if rows is None), None)
-        if unknown is not None:
-            return None, unknown
-        return sum(rows or 0 for rows, _ in counts), " + ".join(how for _, how in counts)
-    return _file_rows(files if isinstance(files, str) else files[0])
-
-
-def _file_rows(path: str) -> tuple[int | None, str]:
-    """Rows of one data file and where the number came from (parquet footer, jsonl lines, known table)."""
-    p = Path(path)
-    unread = f"{p} is not readable here"
-    if p.is_file():
-        try:
-            if p.suffix == ".parquet":
-                try:
-                    import pyarrow.parquet as pq
-                except ImportError:
-                    pass
-                else:
-                    return pq.ParquetFile(p).metadata.num_rows, f"parquet footer of {p}"
-            elif p.suffix in (".jsonl", ".json"):
-                with p.open("rb") as fh:
-                    return sum(1 for line in fh if line.strip()), f"lines of {p}"
-        except Exception as exc:  # OSError (permissions, I/O) or pyarrow's ArrowInvalid: the data check names the fix
-            unread = cannot_read(p, exc)
-    for (fragment, stem), rows in KNOWN_ROWS.items():
-        if fragment in str(p).lower() and p.stem == stem:
-            return rows, f"known data set table ({fragment} {stem}: {rows} rows; {p} not read here)"
-    return None, f"{unread} and is not a known data set"
 
 
 def estimate_step_s(spec: RunSpec, shape: ModelShape) -> float:

@@ -14,7 +14,8 @@ from hpc_grpo.common.findings import Severity
 from hpc_grpo.config.models import resolve_shape
 from hpc_grpo.planning.plan import run_plan
 from hpc_grpo.config.resolve import resolve_spec
-from hpc_grpo.planning.schedule import checkpoint_steps, dataset_rows, estimate_step_s
+from hpc_grpo.config.steps import dataset_rows
+from hpc_grpo.planning.schedule import checkpoint_steps, estimate_step_s
 
 RECIPES = registry.list_names("recipes")
 CLUSTERS = registry.list_names("clusters")
