@@ -202,8 +202,10 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Pl
 
 
 def schema_check(spec: RunSpec, already: list[Finding]) -> tuple[str, list[Finding]]:
-    """Compose against verl's YAMLs; keys the engine check already flagged are left out."""
+    """Compose against verl's YAMLs, then check the values against verl's config dataclasses (what its runtime
+    builds from them); keys the engine check already flagged are left out."""
     from hpc_grpo.engines.verl import VerlEngine
+    from hpc_grpo.engines.verl_dataclasses import dataclass_check
     from hpc_grpo.engines.verl_schema import compose_check, verl_config_dir, verl_version
 
     folder = verl_config_dir()
@@ -213,6 +215,8 @@ def schema_check(spec: RunSpec, already: list[Finding]) -> tuple[str, list[Findi
     flagged = {f.key.removeprefix("passthrough.") for f in already}
     overrides = [o for o in cmd.overrides if o.split("=", 1)[0] not in flagged]
     found = compose_check(cmd.config_name, overrides, folder)
-    status = (f"composed against verl {verl_version()} '{cmd.config_name}' (key tree cached per verl version and config hash): "
-              + ("rejected" if found else "ok"))
+    if not has_errors(found):  # Hydra would stop the job first; the dataclasses need a config Hydra composes
+        found += dataclass_check(cmd.config_name, overrides, folder)
+    status = (f"composed against verl {verl_version()} '{cmd.config_name}' and checked against its config dataclasses "
+              "(cached per verl version and config hash): " + ("rejected" if has_errors(found) else "ok"))
     return status, found
