@@ -18,6 +18,7 @@ from hpc_grpo.engines.verl_checks import check_batches, check_layout, check_roll
 from hpc_grpo.common.findings import Finding, cannot_read, error, has_errors, warning
 from hpc_grpo.config.layout import Layout, layout_of
 from hpc_grpo.config.models import ModelShape, resolve_shape
+from hpc_grpo.planning.lora_targets import check_lora_targets
 from hpc_grpo.planning.resources import check_resources
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.spec import RunSpec
@@ -171,6 +172,7 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False) -> Pl
         lambda: check_batches(spec, lay),
         lambda: check_environment(spec, for_submit),
         lambda: check_eval(spec, for_submit),
+        lambda: check_lora_targets(spec),
     ]
     for check in checks:
         plan.findings.extend(check())
