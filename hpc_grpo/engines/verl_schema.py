@@ -55,12 +55,17 @@ def verl_version() -> str | None:
         return None
 
 
-def _cache_file(config_name: str, config_dir: Path) -> Path:
+def cache_file(kind: str, config_name: str, config_dir: Path) -> Path:
+    """A JSON cache in the user cache folder, keyed by verl's version, the config and its YAML files' hash."""
     digest = hashlib.sha256()
     for f in sorted(config_dir.rglob("*.yaml")):
         digest.update(str(f.relative_to(config_dir)).encode() + b"\0" + f.read_bytes() + b"\0")
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hpc-grpo"
-    return root / f"verl-keys-{verl_version() or 'unknown'}-{config_name}-{digest.hexdigest()[:16]}.json"
+    return root / f"{kind}-{verl_version() or 'unknown'}-{config_name}-{digest.hexdigest()[:16]}.json"
+
+
+def _cache_file(config_name: str, config_dir: Path) -> Path:
+    return cache_file("verl-keys", config_name, config_dir)
 
 
 def key_tree(config_name: str, config_dir: Path) -> dict[str, str]:
@@ -186,8 +191,9 @@ def plus_typos(overrides: list[str], tree: dict[str, str]) -> list[Finding]:
         found.append(error(
             f"engine.{key[1:]}",
             f"'{item}' adds a new key, and verl's config has '{real}' ('{parts[n]}' vs '{close[0]}'): a new key this "
-            "close to an existing one is almost always a typo, and verl never reads a key it does not know, so the "
-            "setting would be ignored without a word",
+            "close to an existing one is almost always a typo: Hydra adds it, and verl does not read a key it does not "
+            "know, so the setting would have no effect (where verl builds a dataclass from the section, plan reports "
+            "its start-up failure instead)",
             f"set {real}={value} (no '+' for an existing key); to add the new key on purpose, write "
             f"++{key[1:]}={value}"))
     return found

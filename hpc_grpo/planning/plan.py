@@ -18,6 +18,7 @@ from hpc_grpo.engines.verl_checks import check_batches, check_layout, check_roll
 from hpc_grpo.common.findings import Finding, Severity, cannot_read, error, has_errors, info, warning
 from hpc_grpo.config.layout import Layout, layout_of
 from hpc_grpo.config.models import ModelShape, resolve_shape
+from hpc_grpo.planning.lora_targets import check_lora_targets
 from hpc_grpo.planning.resources import check_resources
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.spec import Acceptance, RunSpec
@@ -212,6 +213,7 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False, accep
         lambda: check_batches(spec, lay),
         lambda: check_environment(spec, for_submit),
         lambda: check_eval(spec, for_submit),
+        lambda: check_lora_targets(spec),
     ]
     for check in checks:
         plan.findings.extend(check())
@@ -264,9 +266,11 @@ def defaults_diff(spec: RunSpec, plan: Plan) -> tuple[list | None, str]:
 
 
 def schema_check(spec: RunSpec, already: list[Finding]) -> tuple[str, list[Finding]]:
-    """Compose against verl's YAMLs; keys the engine check already flagged are left out."""
+    """Compose against verl's YAMLs, then check the values against verl's config dataclasses (what its runtime
+    builds from them); keys the engine check already flagged are left out."""
     from hpc_grpo.engines.verl import VerlEngine
-    from hpc_grpo.engines.verl_schema import compose_check, verl_config_dir, verl_version
+    from hpc_grpo.engines.verl_dataclasses import dataclass_check
+    from hpc_grpo.engines.verl_schema import compose_check, key_tree, plus_typos, verl_config_dir, verl_version
 
     folder = verl_config_dir()
     if folder is None:
@@ -275,6 +279,13 @@ def schema_check(spec: RunSpec, already: list[Finding]) -> tuple[str, list[Findi
     flagged = {f.key.removeprefix("passthrough.") for f in already}
     overrides = [o for o in cmd.overrides if o.split("=", 1)[0] not in flagged]
     found = compose_check(cmd.config_name, overrides, folder)
-    status = (f"composed against verl {verl_version()} '{cmd.config_name}' (key tree cached per verl version and config hash): "
-              + ("rejected" if found else "ok"))
+    typos = {f.key for f in plus_typos(overrides, key_tree(cmd.config_name, folder))}  # Hydra itself adds these
+    if not has_errors([f for f in found if f.key not in typos]):  # else Hydra stops the job before any dataclass
+        built = dataclass_check(cmd.config_name, overrides, folder)
+        # One error for one cause: a '+' typo in a node verl builds a dataclass from fails at start-up; that
+        # finding (quoting verl's TypeError) replaces the typo's
+        failing = {f.key for f in built if f.severity is Severity.ERROR}
+        found = [f for f in found if f.key not in failing] + built
+    status = (f"composed against verl {verl_version()} '{cmd.config_name}' and checked against its config dataclasses "
+              "(cached per verl version and config hash): " + ("rejected" if has_errors(found) else "ok"))
     return status, found

@@ -67,6 +67,9 @@ def test_submit_eval_runs_without_the_callers_slurm_variables(isolated: Path, mo
         return Job()
 
     monkeypatch.setattr(submit.TemplateSlurmExecutor, "submit", fake_submit)
+    # submitit's executor refuses to be built where `srun` is not on PATH (a login node without Slurm's client,
+    # this test's CI box without the dev cluster): sbatch is stood in for, so is that probe
+    monkeypatch.setattr(submit.TemplateSlurmExecutor, "affinity", classmethod(lambda cls: 1))
     sub = submit.submit_eval(spec, evaluate.job_argv(spec.path), after="77")
     assert sub.job_id == "501"
     assert "SLURM_JOB_ID" not in seen and "SLURM_NODELIST" not in seen

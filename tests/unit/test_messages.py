@@ -51,7 +51,7 @@ def test_a_verl_typo_gets_the_closest_real_key_and_an_unmangled_fix(verl_yamls, 
 
 
 @pytest.mark.parametrize("typo,meant", [
-    (TYPO, REAL),
+    ("trainer.balance_bach", "trainer.balance_batch"),  # a section verl reads as a plain dict
     ("actor_rollout_ref.actr.clip_ratio_high", REAL),  # the typo in a section's name
 ])
 def test_a_plus_key_one_letter_from_a_real_key_is_a_typo(typo, meant, verl_yamls, isolated, monkeypatch, capsys) -> None:
@@ -63,12 +63,23 @@ def test_a_plus_key_one_letter_from_a_real_key_is_a_typo(typo, meant, verl_yamls
     assert f"Fix: set {meant}=0.3 (no '+' for an existing key); to add the new key on purpose, write ++{typo}=0.3" in line
 
 
+def test_a_plus_typo_in_a_dataclass_section_is_one_error_quoting_verls_failure(verl_yamls, isolated, monkeypatch,
+                                                                               capsys) -> None:
+    """verl builds actor_rollout_ref.actor as FSDPActorConfig: the typo fails at start-up (even with ++), so the
+    one finding is the dataclass's, with the closest field; not a second 'typo' error for the same key."""
+    for override in (f"+{TYPO}=0.3", f"++{TYPO}=0.3"):
+        code, text = run_cli(monkeypatch, capsys, "recipe=tiny-verl", override)
+        assert code == 1, text
+        [line] = findings(text, f"engine.{TYPO}")
+        assert "unexpected keyword argument 'clip_ratio_hgh'" in line and f"did you mean {REAL}?" in line, line
+
+
 def test_plus_plus_adds_the_near_key_on_purpose_and_a_distinct_new_key_passes(verl_yamls, isolated, monkeypatch,
                                                                               capsys) -> None:
-    for override in (f"++{TYPO}=0.3", "+trainer.my_new_setting=1"):
+    for override in ("++trainer.balance_bach=0.3", "+trainer.my_new_setting=1"):
         _, text = run_cli(monkeypatch, capsys, "recipe=tiny-verl", override)
         assert "engine." not in text, text
-        assert "'ppo_trainer' (key tree cached per verl version and config hash): ok" in text
+        assert "'ppo_trainer' and checked against its config dataclasses" in text and "config hash): ok" in text, text
 
 
 @pytest.mark.parametrize("recipe", registry.list_names("recipes"))
