@@ -91,8 +91,11 @@ def max_num_seqs(spec: RunSpec) -> int:
     return spec.recipe.rollout.max_num_seqs or sequences_per_engine(spec)
 
 
+CONFIG_NAMES = {"fsdp": "ppo_trainer", "megatron": "ppo_megatron_trainer"}  # backend -> verl's --config-name
+
+
 def config_name(spec: RunSpec) -> str:
-    return "ppo_megatron_trainer" if spec.recipe.backend == "megatron" else "ppo_trainer"
+    return CONFIG_NAMES[spec.recipe.backend]
 
 
 def modelled_overrides(spec: RunSpec) -> list[Override]:
