@@ -28,7 +28,7 @@ from hpc_grpo.engines.verl_script import Script, parse_script
 # The shipped recipe each backend starts from when --recipe is not given.
 DEFAULT_BASE = {"fsdp": "qwen2.5-3b-gsm8k-lora", "megatron": "qwen2.5-72b-megatron"}
 SLURM_ENV = {"CUDA_VISIBLE_DEVICES": "Slurm gives the job its GPUs; each node's processes see them"}
-MAX_ROUNDS = 4
+MAX_ROUNDS = 12
 _MISSING = object()
 _FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+\Z")
 UNUSABLE = "dropped (verl would refuse it)"
@@ -129,8 +129,10 @@ def _route(script: Script, spec: RunSpec, rows: list[Row]) -> tuple[dict[str, An
         elif bare in RESUME_KEYS:
             rows.append(Row(item, "dropped", owned_refusal(value, None)[0]))
         elif bare in owned:
+            src = owned[bare].source
             same = format_value(owned[bare].value) == format_value(value)
-            why = "hpc-grpo sets the same" if same else owned_refusal(value, owned[bare])[0]
+            why = ("hpc-grpo sets the same" if same else owned_refusal(value, owned[bare])[0] if src.startswith(
+                ("engine", "run ")) else f"hpc-grpo renders it from recipe key {src}: see what still differs")
             rows.append(Row(item, "dropped", why))
         else:
             passthrough[key] = value
@@ -160,6 +162,88 @@ def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return sorted(p for p in a.keys() | b.keys() if a.get(p, _MISSING) != b.get(p, _MISSING))
 
 
+def _fitting(base: str, cluster: str, recipe: dict[str, Any], passthrough: dict[str, Any], rows: list[Row]) -> RunSpec:
+    """The candidate spec; a script value its recipe key refuses (a list of files for data.train_files) is taken out
+    and its row says why, so the user sets that key by hand."""
+    while True:
+        try:
+            return _candidate(base, cluster, recipe, passthrough)
+        except SpecError as exc:
+            if exc.key not in recipe:
+                raise
+            value = recipe.pop(exc.key)
+            for row in rows:
+                if row.went == f"{exc.key}={format_value(value)}":
+                    row.went, row.why = "dropped", f"recipe key {exc.key} refuses it ({exc}): set {exc.key} by hand"
+
+
+def _composable(config: str, folder: Any, base: str, cluster: str, recipe: dict[str, Any],
+                passthrough: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """passthrough plus the extra keys verl's config takes (a leaf inside an interpolated node, like the reference's
+    override_transformer_config, cannot be set on its own: it stays listed as changed)."""
+    def composes(p: dict[str, Any]) -> bool:
+        try:
+            composed_leaves(config, VerlEngine().command(_candidate(base, cluster, recipe, p)).overrides, folder)
+        except Exception:  # Hydra's composition errors have no common base class we can name without importing it
+            return False
+        return True
+
+    if composes({**passthrough, **extra}):
+        return {**passthrough, **extra}
+    for key, value in extra.items():
+        if composes({**passthrough, key: value}):
+            passthrough = {**passthrough, key: value}
+    return passthrough
+
+
+def _settle(theirs: dict[str, Any], config: str, folder: Any, base: str, cluster: str, recipe: dict[str, Any],
+            passthrough: dict[str, Any], spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], RunSpec]:
+    """Set back every composed leaf the recipe changes behind the script's back, where a recipe key or passthrough
+    can: recipe keys first (they move interpolated leaves too), then passthrough for what no recipe key models.
+    A derived key's source field is tried at the script's value and kept only when fewer leaves differ."""
+    def differ(s: RunSpec) -> list[str]:
+        return _diff(theirs, composed_leaves(config, VerlEngine().command(s).overrides, folder))
+
+    tried: set[str] = set()
+    diff = differ(spec)
+    for _ in range(MAX_ROUNDS):
+        exact, place = inverse_map(spec), _placement(spec)
+        owned = {bare_key(o.key): o for o in modelled_overrides(spec)}
+        moved = False
+        for path in (p for p in diff if p in theirs):
+            field_ = exact.get(path) or place.get(path)
+            derived = field_ is None and path in owned and not owned[path].source.startswith(("engine", "run "))
+            if derived and owned[path].source not in tried:
+                field_ = owned[path].source
+                tried.add(field_)
+            if field_ is None or format_value(recipe.get(field_, _MISSING)) == format_value(theirs[path]):
+                continue
+            value = theirs[path]
+            now = _recipe_value(spec, field_)
+            if derived and isinstance(now, bool) and not isinstance(value, bool):
+                value = not now  # a flag that renders several keys (recompute): try it the other way
+            trial = {**recipe, field_: value}
+            try:
+                trial_spec = _candidate(base, cluster, trial, passthrough)
+            except SpecError:
+                continue
+            if derived:
+                trial_diff = differ(trial_spec)
+                if len(trial_diff) >= len(diff):
+                    continue
+            recipe, spec, moved = trial, trial_spec, True
+        if not moved:
+            extra = {p: theirs[p] for p in diff if p in theirs and p not in owned and p not in exact and p not in place}
+            if not extra:
+                break
+            passthrough = _composable(config, folder, base, cluster, recipe, passthrough, extra)
+            spec = _candidate(base, cluster, recipe, passthrough)
+            if not set(extra) & set(passthrough):
+                break
+        diff = differ(spec)
+    return recipe, passthrough, spec
+
+
 def import_script(text: str, name: str, base: str | None = None, cluster: str = "local") -> Imported:
     """The recipe a verl launch script becomes (see the module doc); SpecError for what cannot be imported."""
     script = parse_script(text)
@@ -177,7 +261,7 @@ def import_script(text: str, name: str, base: str | None = None, cluster: str = 
     rows: list[Row] = []
     recipe, passthrough = _route(script, spec, rows)
     env = _exports(script, spec, rows)
-    spec = _candidate(base, cluster, recipe, passthrough)
+    spec = _fitting(base, cluster, recipe, passthrough, rows)
     changed: list[Row] = []
     folder = verl_config_dir()
     if folder is None:
@@ -185,35 +269,7 @@ def import_script(text: str, name: str, base: str | None = None, cluster: str = 
     else:
         unusable = {r.item.split("=", 1)[0] for r in rows if r.went == UNUSABLE}
         theirs = composed_leaves(config, [o for o in script.overrides if o.split("=", 1)[0] not in unusable], folder)
-        tried: set[str] = set()
-        for _ in range(MAX_ROUNDS):
-            ours = composed_leaves(config, VerlEngine().command(spec).overrides, folder)
-            diff = _diff(theirs, ours)
-            exact, place = inverse_map(spec), _placement(spec)
-            owned = {bare_key(o.key): o for o in modelled_overrides(spec)}
-            moved = False
-            for path in diff:
-                if path not in theirs:
-                    continue
-                value = theirs[path]
-                field_ = exact.get(path) or place.get(path)
-                if field_ is None and path in owned and "." in owned[path].source and not owned[path].source.startswith(
-                        "engine") and owned[path].source not in tried:
-                    field_ = owned[path].source  # a derived key: try its source field at the script's value
-                    tried.add(field_)
-                if field_ is not None:
-                    trial = {**recipe, field_: value}
-                    try:
-                        spec = _candidate(base, cluster, trial, passthrough)
-                    except SpecError:
-                        continue
-                    recipe, moved = trial, True
-                elif path not in owned:
-                    passthrough[path] = value
-                    spec = _candidate(base, cluster, recipe, passthrough)
-                    moved = True
-            if not moved:
-                break
+        recipe, passthrough, spec = _settle(theirs, config, folder, base, cluster, recipe, passthrough, spec)
         ours = composed_leaves(config, VerlEngine().command(spec).overrides, folder)
         owned = {bare_key(o.key): o for o in modelled_overrides(spec)}
         for path in _diff(theirs, ours):
@@ -222,6 +278,8 @@ def import_script(text: str, name: str, base: str | None = None, cluster: str = 
                    else "hpc-grpo's recipe renders it differently")
             changed.append(Row(path, f"{script_value} -> {format_value(ours.get(path))}", why))
         compared = f"verl {config}, {len(theirs)} leaves, {len(changed)} differ"
+    owned_now = {bare_key(o.key): format_value(o.value) for o in modelled_overrides(spec)}
+    passthrough = {k: v for k, v in passthrough.items() if owned_now.get(bare_key(k)) != format_value(v)}
     base_spec = resolve_spec(base, cluster, [], run_name="imported", now=0.0)
     recipe = {k: v for k, v in recipe.items()
               if format_value(_recipe_value(base_spec, k)) != format_value(_recipe_value(spec, k))}

@@ -87,7 +87,9 @@ def inverse_map(spec: RunSpec) -> dict[str, str]:
     base = {bare_key(o.key): o for o in modelled_overrides(spec)}
     exact: dict[str, str] = {}
     for key, field in both_ways.items():
-        if off_ways.get(key) != field or field.startswith(OWN_SECTIONS):
+        # a flag must be followed both ways; any other field only where it is rendered (a key emitted only under
+        # a flag, like ppo_max_token_len_per_gpu under dynamic_bsz, still copies its field exactly)
+        if field.startswith(OWN_SECTIONS) or (isinstance(on[field], bool) and off_ways.get(key) != field):
             continue
         if key in base and base[key].source != field:  # another setting decides it here (verl's CPU mode)
             continue

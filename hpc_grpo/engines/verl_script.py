@@ -127,10 +127,13 @@ def parse_script(text: str) -> Script:
         it = iter(args)
         for word in it:
             if word.startswith("--config-name"):
-                script.config_name = word.split("=", 1)[1] if "=" in word else next(it, None)
+                name = word.split("=", 1)[1] if "=" in word else next(it, None)
+                script.config_name = name.removesuffix(".yaml") if name else None
             elif word.startswith("--config-path"):
                 path = word.split("=", 1)[1] if "=" in word else next(it, "")
                 script.notes.append(f"--config-path {path} ignored: hpc-grpo composes with verl's own config folder")
+            elif not word:
+                continue  # "$@" with no arguments
             elif "=" in word:
                 script.overrides.append(word)
             else:
