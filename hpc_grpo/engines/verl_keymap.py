@@ -53,7 +53,7 @@ def _other_value(value: Any, annotation: Any, flag: bool) -> Any:
         if kind is int:
             return 7 if value is None else value + 3
         if kind is float:
-            return 0.375 if value is None else value / 2 + 0.0625
+            return 0.375 if value is None else value * 2 + 0.0625
         if kind is str:
             return "probe" if value is None else f"{value}-probe"
     return None
