@@ -18,8 +18,14 @@ from hpc_grpo.common.yamlio import SpecError, dump_yaml, parse_scalar
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.config.secrets import SECRET_ENV, secret_in
 from hpc_grpo.config.spec import RunSpec
-from hpc_grpo.engines.verl import (CONFIG_NAMES, OWN_SECTIONS, RESUME_KEYS, VerlEngine, modelled_overrides,
-                                   owned_refusal)
+from hpc_grpo.engines.verl import (
+    CONFIG_NAMES,
+    OWN_SECTIONS,
+    RESUME_KEYS,
+    VerlEngine,
+    modelled_overrides,
+    owned_refusal,
+)
 from hpc_grpo.engines.verl_keymap import inverse_map
 from hpc_grpo.engines.verl_keys import bare_key, format_value, real_fix, real_key_for
 from hpc_grpo.engines.verl_schema import composed_leaves, verl_config_dir
@@ -69,8 +75,8 @@ class Imported:
             node[last] = value
         if self.passthrough:
             data["passthrough"] = dict(self.passthrough)
-        head = [f"# Imported by `hpc-grpo import` from {source} (verl --config-name {self.config_name}), based on "
-                f"recipe {self.base}.", f"# Composed and compared with verl's config: {self.compared}."]
+        head = [(f"# Imported by `hpc-grpo import` from {source} (verl --config-name {self.config_name}), based on "
+                 f"recipe {self.base}."), f"# Composed and compared with verl's config: {self.compared}."]
         if self.changed:
             head.append("# Runs differently from the script (hpc-grpo decides these):")
             head += [f"#   {r.item}: {r.why}" for r in self.changed]
@@ -181,10 +187,13 @@ def _composable(config: str, folder: Any, base: str, cluster: str, recipe: dict[
                 passthrough: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """passthrough plus the extra keys verl's config takes (a leaf inside an interpolated node, like the reference's
     override_transformer_config, cannot be set on its own: it stays listed as changed)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     def composes(p: dict[str, Any]) -> bool:
         try:
             composed_leaves(config, VerlEngine().command(_candidate(base, cluster, recipe, p)).overrides, folder)
-        except Exception:  # Hydra's composition errors have no common base class we can name without importing it
+        except (HydraException, OmegaConfBaseException):
             return False
         return True
 

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Any, Iterator, Literal
+from collections.abc import Iterator
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.engines.base import Override
-from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.engines.verl import OWN_SECTIONS, modelled_overrides, owned_conflicts
 from hpc_grpo.engines.verl_keys import KeyRoutes, bare_key, format_value
+
 
 def _leaves(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, BaseModel, str, Any, Any]]:
     """(dotted key, owning model, field name, value, annotation) of every leaf field of the recipe."""
@@ -110,7 +112,7 @@ def resolve_with_verl_keys(recipe: str, cluster: str | None, overrides: list[str
     translated or dropped. Translating can change what hpc-grpo derives (grpo.n moves max_num_seqs), so the routes
     are derived again from the result until they stop changing."""
     spec = resolve_spec(recipe, cluster, overrides, run_name=run_name, now=now)
-    if spec.recipe.engine != "verl":
+    if spec.recipe.engine != "verl" or not spec.recipe.passthrough:  # no verl key typed or in the recipe
         return spec, []
     routes = None
     notes: list[str] = []

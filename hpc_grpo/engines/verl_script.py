@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 
 MAIN_MODULE = "verl.trainer.main_ppo"
-_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)\Z", re.S)
+_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)\Z", re.DOTALL)
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*)|([@*#?0-9]))")
 
 

@@ -14,7 +14,11 @@ import pytest
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.engines.verl import VerlEngine
-from hpc_grpo.engines.verl_keymap import _other_value, inverse_map, resolve_with_verl_keys
+from hpc_grpo.engines.verl_keymap import (
+    _other_value,
+    inverse_map,
+    resolve_with_verl_keys,
+)
 from hpc_grpo.engines.verl_keys import format_value
 
 ROOT = "cluster.runs_root=/nonexistent/runs"
