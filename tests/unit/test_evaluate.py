@@ -67,6 +67,13 @@ def test_submit_eval_runs_without_the_callers_slurm_variables(isolated: Path, mo
         return Job()
 
     monkeypatch.setattr(submit.TemplateSlurmExecutor, "submit", fake_submit)
+    # submitit's SlurmExecutor refuses to exist without an `srun` on PATH (its affinity check); the machine running
+    # the unit tests need not have Slurm installed, and nothing here runs it
+    bin_dir = isolated / "fake-bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     sub = submit.submit_eval(spec, evaluate.job_argv(spec.path), after="77")
     assert sub.job_id == "501"
     assert "SLURM_JOB_ID" not in seen and "SLURM_NODELIST" not in seen
