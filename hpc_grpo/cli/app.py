@@ -1,7 +1,7 @@
 """The hpc-grpo command line: the Typer app, its commands, and the console entry point.
 
 Each command parses its options, calls one function of hpc_grpo.commands (or the library) and prints; the
-commands live in small modules by theme (catalog_cmds, run_cmds, watch_cmds, ckpt_cmds, eval_cmds, data_cmds)
+commands live in small modules by theme (catalog_cmds, run_cmds, watch_cmds, ckpt_cmds, eval_cmds, data_cmds, import_cmds)
 and are all registered here, in the order `--help` lists them. Heavy modules (torch, trl, lm_eval, submitit's
 executors) are imported only inside the commands that need them: plan/render/status must answer instantly on a
 login node. Exit codes: 0 ok, 1 an error finding or a failed job, 2 invalid input.
@@ -18,7 +18,7 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 import typer  # noqa: E402
 
-from hpc_grpo.cli import catalog_cmds, ckpt_cmds, data_cmds, eval_cmds, run_cmds, watch_cmds  # noqa: E402
+from hpc_grpo.cli import catalog_cmds, ckpt_cmds, data_cmds, eval_cmds, import_cmds, run_cmds, watch_cmds  # noqa: E402
 from hpc_grpo.cli.console import err, print_error  # noqa: E402
 from hpc_grpo.common.yamlio import SpecError  # noqa: E402
 
@@ -48,6 +48,7 @@ app.command("export")(ckpt_cmds.export_cmd)
 app.command()(eval_cmds.report)
 app.command("prune-ckpts")(ckpt_cmds.prune_ckpts)
 app.command("eval-code")(eval_cmds.eval_code)
+app.command("import")(import_cmds.import_cmd)
 data_app.command("gsm8k")(data_cmds.data_gsm8k)
 data_app.command("codegen")(data_cmds.data_codegen)
 model_app.command("tiny")(data_cmds.model_tiny)

@@ -54,11 +54,14 @@ def pick_cluster(cluster: str | None) -> str:
 def resolve(args: list[str] | None, name: str | None) -> Any:
     """The RunSpec the command line describes: recipe + cluster profile + overrides, and on local and slurm-dev
     the checkout's venv for the engine where the submitting interpreter cannot run its job."""
-    from hpc_grpo.config.resolve import resolve_spec
+    from hpc_grpo.engines.verl_keymap import resolve_with_verl_keys
     from hpc_grpo.planning.interpreter import choose_interpreter
 
     recipe, cluster, overrides = parse_args(args)
-    spec, why = choose_interpreter(resolve_spec(recipe, pick_cluster(cluster), overrides, run_name=name))
+    resolved, notes = resolve_with_verl_keys(recipe, pick_cluster(cluster), overrides, run_name=name)
+    for note in notes:
+        err.print(f"verl key: {note}", markup=False, highlight=False)
+    spec, why = choose_interpreter(resolved)
     if why:
         err.print(f"python: {spec.python} ({why})", markup=False, highlight=False)
     return spec

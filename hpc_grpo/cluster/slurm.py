@@ -96,6 +96,9 @@ def _run_full(args: list[str], timeout: float = 20, stdin_text: str | None = Non
         )
     except FileNotFoundError as e:
         raise SlurmError(args, f"{args[0]} not found on PATH (is Slurm installed here?)") from e
+    except PermissionError as e:  # a PATH folder this user cannot search, or a file by that name it cannot run
+        raise SlurmError(args, f"{args[0]} cannot be run by this user ({e.strerror}): check PATH and its "
+                         "permissions") from e
     except subprocess.TimeoutExpired as e:
         raise SlurmError(args, f"timed out after {timeout:g}s (slurmctld down or overloaded?)") from e
     if proc.returncode != 0:

@@ -16,12 +16,12 @@ from pydantic import BaseModel, ValidationError
 
 from hpc_grpo import __version__
 from hpc_grpo.config import registry
-from hpc_grpo.engines.verl_keys import is_engine_key, real_key_for
+from hpc_grpo.engines.verl_keys import KeyRoutes, bare_key, format_value, is_engine_key, real_key_for
 from hpc_grpo.config.cluster import Cluster, Setup
 from hpc_grpo.config.fields import check_name
 from hpc_grpo.config.keys import ACCEPTED_ALIASES, canonical_key, validation_error
 from hpc_grpo.config.secrets import secret_error, secret_in
-from hpc_grpo.config.spec import Recipe, RunSpec, default_run_name
+from hpc_grpo.config.spec import DataCfg, Recipe, RunSpec, default_run_name
 from hpc_grpo.common.yamlio import SpecError, load_yaml_file, parse_scalar
 
 DEFAULT_CLUSTER = "local"
@@ -102,6 +102,68 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any, origin: str) -> None
     node[parts[-1]] = value
 
 
+def _verl_data_key(key: str) -> bool:
+    """`data.X` where X is no field of the recipe's data section: one of verl's own data keys (data.return_raw_chat,
+    data.prompt_key...), passed through; the fields hpc-grpo models stay recipe keys."""
+    section, _, rest = key.partition(".")
+    return section == "data" and bool(rest) and rest.split(".", 1)[0] not in DataCfg.model_fields
+
+
+def _get_dotted(data: dict[str, Any], key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _file_of(origin: str) -> str:
+    return origin.rsplit(":", 1)[0]
+
+
+def _route_verl_keys(rdata: dict[str, Any], rwhere: dict[str, str], passthrough: dict[str, Any],
+                     recipe_items: list[tuple[str, Any]], routes: KeyRoutes, notes: list[str]) -> None:
+    """verl keys that hpc-grpo models, from the recipe's passthrough block or the command line: a plain copy of a
+    recipe key becomes that key; one hpc-grpo sets to the same value is dropped. A contradiction with the recipe key
+    given in the same place (the same file, or the command line) is refused, naming both."""
+    typed = {canonical_key(k): v for k, v in recipe_items}
+    file_pass = rdata.get("passthrough") or {}
+    for key, value in list(file_pass.items()):
+        origin = rwhere.get(f"passthrough.{key}", "the recipe")
+        target = routes.translate.get(bare_key(key))
+        if target is not None:
+            theirs = _get_dotted(rdata, target)
+            if (target in rwhere and _file_of(rwhere[target]) == _file_of(origin) and theirs is not None
+                    and format_value(theirs) != format_value(value)):
+                raise SpecError(
+                    f"passthrough.{key}={format_value(value)} ({origin}) contradicts {target}={format_value(theirs)} "
+                    f"({rwhere[target]}): {bare_key(key)} is the verl name of {target}. Fix: keep one of them, {target} "
+                    f"(hpc-grpo's name) or passthrough.{key}", key=target)
+            del file_pass[key]
+            _set_dotted(rdata, target, value, origin)
+            rwhere[target] = origin
+            notes.append(f"{key}={format_value(value)} -> {target}={format_value(value)} (passthrough at {origin})")
+        elif routes.owned.get(bare_key(key)) == format_value(value):
+            del file_pass[key]
+            notes.append(f"{key}={format_value(value)}: hpc-grpo sets the same; dropped (passthrough at {origin})")
+    for key, value in list(passthrough.items()):
+        target = routes.translate.get(bare_key(key))
+        if target is not None:
+            if target in typed and format_value(typed[target]) != format_value(value):
+                raise SpecError(
+                    f"{key}={format_value(value)} and {target}={format_value(typed[target])} are both on the command "
+                    f"line and disagree: {bare_key(key)} is the verl name of {target}. Fix: keep one of them ({target} is "
+                    "hpc-grpo's name)", key=target)
+            del passthrough[key]
+            if target not in typed:
+                recipe_items.insert(0, (target, value))
+            notes.append(f"{key}={format_value(value)} -> {target}={format_value(value)}")
+        elif routes.owned.get(bare_key(key)) == format_value(value):
+            del passthrough[key]
+            notes.append(f"{key}={format_value(value)}: hpc-grpo sets the same; dropped")
+
+
 def split_overrides(overrides: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]], dict[str, Any]]:
     """Sort `key=value` items into recipe keys, cluster keys and engine passthrough keys."""
     recipe_items: list[tuple[str, Any]] = []
@@ -127,7 +189,7 @@ def split_overrides(overrides: list[str]) -> tuple[list[tuple[str, Any]], list[t
             passthrough[key.removeprefix("passthrough.")] = value
         elif key.startswith("cluster."):
             cluster_items.append((key.removeprefix("cluster."), value))
-        elif is_engine_key(key) or real_key_for(key) is not None:
+        elif is_engine_key(key) or real_key_for(key) is not None or _verl_data_key(key):
             passthrough[key] = value
         else:
             recipe_items.append((key, value))
@@ -147,12 +209,19 @@ def resolve_spec(
     overrides: list[str] | None = None,
     run_name: str | None = None,
     now: float | None = None,
+    routes: KeyRoutes | None = None,
+    notes: list[str] | None = None,
 ) -> RunSpec:
-    """Load, merge and validate everything a run needs; raises SpecError on any bad input."""
+    """Load, merge and validate everything a run needs; raises SpecError on any bad input.
+
+    `routes` (engines.verl_keymap.resolve_with_verl_keys derives them) translates verl's names of modelled keys;
+    what it did is appended to `notes`, one line each."""
     overrides = list(overrides or [])
     recipe_items, cluster_items, passthrough = split_overrides(overrides)
 
     rdata, rwhere = load_raw("recipes", recipe)
+    if routes is not None:
+        _route_verl_keys(rdata, rwhere, passthrough, recipe_items, routes, notes if notes is not None else [])
     for key, value in recipe_items:
         key = canonical_key(key)
         if key in ("name", "extends"):

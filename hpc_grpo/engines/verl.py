@@ -11,7 +11,7 @@ from pathlib import Path
 from hpc_grpo.runstate import checkpoints, layout, runs
 from hpc_grpo.engines import verl_cpu, vllm_cpu
 from hpc_grpo.engines.base import EngineCommand, JobImports, Override
-from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_key_for
+from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_fix, real_key_for
 from hpc_grpo.common.findings import Finding, error, warning
 from hpc_grpo.config.spec import RunSpec
 
@@ -91,8 +91,11 @@ def max_num_seqs(spec: RunSpec) -> int:
     return spec.recipe.rollout.max_num_seqs or sequences_per_engine(spec)
 
 
+CONFIG_NAMES = {"fsdp": "ppo_trainer", "megatron": "ppo_megatron_trainer"}  # backend -> verl's --config-name
+
+
 def config_name(spec: RunSpec) -> str:
-    return "ppo_megatron_trainer" if spec.recipe.backend == "megatron" else "ppo_trainer"
+    return CONFIG_NAMES[spec.recipe.backend]
 
 
 def modelled_overrides(spec: RunSpec) -> list[Override]:
@@ -287,6 +290,46 @@ RESUME_KEYS = ("trainer.resume_mode", "trainer.resume_from_path")
 RESUME_SOURCE = "resume preparation at job start (hpc-grpo resume)"
 
 
+# Placement comes from the recipe's resources and the cluster profile (GPUs per node may be the profile's): verl's
+# trainer.nnodes / n_gpus_per_node follow them and are never the way to change them.
+OWN_SECTIONS = ("resources.",)
+
+
+def owned_refusal(value: object, owner: Override | None) -> tuple[str, str]:
+    """(message, fix) for a verl key hpc-grpo sets itself, given another value: which setting decides it and how to
+    change that setting, or that nothing does. `owner` None: the resume keys, set at every job start."""
+    if owner is None:
+        return (f"is decided by {RESUME_SOURCE}: the job names the checkpoint to load itself",
+                "drop it; `hpc-grpo resume RUN` continues from the newest complete checkpoint")
+    key = bare_key(owner.key)
+    said = f"hpc-grpo sets {key}={format_value(owner.value)}"
+    src = owner.source
+    if src == "engine":
+        return f"{said} for every GRPO run; no recipe key changes it", "drop it"
+    if src == "run directory":
+        return (f"{said} inside the run directory",
+                "drop it; the run directory is cluster.runs_root/<run name> (change cluster.runs_root= or --name)")
+    if src.startswith("engine: "):
+        return f"{said} ({src.removeprefix('engine: ')})", "drop it" + (
+            ", or plan on a cluster profile with GPUs" if src in (CPU_MODE, CPU_VLLM_MODE) else "")
+    if src.startswith(OWN_SECTIONS):
+        return f"{said} from recipe key {src}", f"drop it and set {src}={format_value(value)} to change it"
+    return (f"{said} from recipe key {src}", f"drop it and change {src} (it decides {key})")
+
+
+def owned_conflicts(spec: RunSpec) -> list[tuple[str, str, str]]:
+    """(key, message, fix) for each passthrough key hpc-grpo sets itself to another value."""
+    owned = {bare_key(o.key): o for o in modelled_overrides(spec)}
+    out: list[tuple[str, str, str]] = []
+    for key, value in spec.recipe.passthrough.items():
+        bare = bare_key(key)
+        if bare in RESUME_KEYS:
+            out.append((key, *owned_refusal(value, None)))
+        elif bare in owned and format_value(owned[bare].value) != format_value(value):
+            out.append((key, *owned_refusal(value, owned[bare])))
+    return out
+
+
 def resume_overrides(step_folder: Path | None) -> list[str]:
     """The overrides that point verl at one global_step_N folder, or start it fresh (never `auto`)."""
     if step_folder is None:
@@ -305,17 +348,6 @@ def node_env(spec: RunSpec) -> dict[str, str]:
     if spec.recipe.rollout.name == "vllm":
         env.update(vllm_cpu.ENV)
     return env
-
-
-def owned_error(pkey: str, value: object, source: str) -> Finding:
-    """A passthrough key hpc-grpo sets itself: the recipe key to set instead (one place for each setting), or, for a
-    key hpc-grpo decides alone (the engine, the run directory, CPU mode), that it cannot be set."""
-    typed = f"{pkey.removeprefix('passthrough.')}={format_value(value)}"
-    if source == "run directory" or source.startswith(("engine", "resume")):
-        return error(pkey, f"{typed}: hpc-grpo sets this verl key itself ({source})", "remove it")
-    example = f"{source}={str(value).lower()}" if isinstance(value, bool) else source
-    return error(pkey, f"{typed}: hpc-grpo sets this verl key from recipe key '{source}' (one place for each "
-                 "setting)", f"set {example} instead")
 
 
 def check_kl(spec: RunSpec) -> list[Finding]:
@@ -351,12 +383,12 @@ class VerlEngine:
     def check(self, spec: RunSpec) -> list[Finding]:
         """Passthrough keys: well-formed, real verl keys, and not fighting a modelled field."""
         findings: list[Finding] = check_kl(spec)
-        owned = {o.key: o.source for o in modelled_overrides(spec)} | dict.fromkeys(RESUME_KEYS, RESUME_SOURCE)
+        findings += [error(f"passthrough.{key}", message, fix) for key, message, fix in owned_conflicts(spec)]
         for key in spec.recipe.passthrough:
             pkey = f"passthrough.{key}"
             real = real_key_for(key)
             if real is not None:
-                findings.append(error(pkey, f"'{bare_key(key)}' does not exist in verl.", f"use {real}"))
+                findings.append(error(pkey, f"'{bare_key(key)}' does not exist in verl.", real_fix(real)))
             elif not KEY_RE.match(key):
                 findings.append(error(pkey, "is not a valid Hydra key", "use dotted names of letters, digits and '_'"))
             elif bare_key(key) in DRIVER_RAY_COUNTS:
@@ -365,6 +397,4 @@ class VerlEngine:
                     "from a driver that connects to an existing cluster: main_ppo would die in ray.init",
                     "drop it; set resources.cpus_per_task (each node's `ray start --num-cpus` is raised to what "
                     "verl reserves)"))
-            elif bare_key(key) in owned:
-                findings.append(owned_error(pkey, spec.recipe.passthrough[key], owned[bare_key(key)]))
         return findings

@@ -8,6 +8,7 @@ Checked against verl 0.9.1's config (verl/trainer/config/ppo_trainer.yaml and it
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 # Top-level sections of verl's ppo_trainer config; a command-line key under one of these goes to
 # the recipe's passthrough block.
@@ -100,6 +101,22 @@ def real_key_for(key: str) -> str | None:
         if candidate in NOT_IN_VERL:
             return NOT_IN_VERL[candidate]
     return None
+
+
+def real_fix(real: str) -> str:
+    """The fix line for a NOT_IN_VERL entry: "use X", or the entry itself when it says there is nothing to use."""
+    return real if real.startswith(("removed", "nothing")) else f"use {real}"
+
+
+@dataclass(frozen=True)
+class KeyRoutes:
+    """How config.resolve treats verl keys for one spec (engines.verl_keymap derives it from the modelled keys):
+    `translate` maps a verl key to the recipe key it is a plain copy of; `owned` holds the rendered value of every
+    other key hpc-grpo sets, so a passthrough key equal to it is dropped as redundant (a different value is left
+    for the engine's check to refuse, naming the setting that decides it)."""
+
+    translate: dict[str, str] = field(default_factory=dict)
+    owned: dict[str, str] = field(default_factory=dict)
 
 
 def is_engine_key(key: str) -> bool:

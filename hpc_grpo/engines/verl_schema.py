@@ -259,3 +259,35 @@ def hydra_compose_check(config_name: str, overrides: list[str], config_dir: Path
         finally:
             GlobalHydra.instance().clear()
     return findings
+
+
+def composed_leaves(config_name: str, overrides: list[str], config_dir: Path) -> dict[str, object]:
+    """The config main_ppo would run with these overrides, as dotted path -> value (lists whole, interpolations
+    resolved where they resolve). Raises Hydra's error for an override verl's config refuses."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    GlobalHydra.instance().clear()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+                cfg = compose(config_name=config_name, overrides=overrides)
+        try:
+            tree = OmegaConf.to_container(cfg, resolve=True)
+        except Exception:  # an interpolation that needs verl's runtime resolvers: compare it unresolved
+            tree = OmegaConf.to_container(cfg, resolve=False)
+    finally:
+        GlobalHydra.instance().clear()
+    leaves: dict[str, object] = {}
+
+    def walk(node: object, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        else:
+            leaves[prefix] = node
+
+    walk(tree, "")
+    return leaves

@@ -72,6 +72,12 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("injection-account", {}, ["recipe=tiny-gsm8k", "resources.account=$(id)"], "resources.account"),
     ("passthrough-key", {}, ["recipe=tiny-gsm8k", "passthrough.a b=1"], "passthrough"),
     ("unknown-cluster-key", {}, ["recipe=tiny-gsm8k", "cluster.gpu_per_node=4"], "did you mean 'gpus_per_node'"),
+    ("verl-key-contradicts", {}, ["recipe=qwen2.5-3b-gsm8k-lora", "actor_rollout_ref.rollout.n=8", "grpo.n=4"],
+     "actor_rollout_ref.rollout.n=8 and grpo.n=4 are both on the command line and disagree"),
+    ("verl-nnodes-other", {}, ["recipe=qwen2.5-3b-gsm8k-lora", "trainer.nnodes=2"], "set resources.nodes=2"),
+    ("verl-run-dir", {}, ["recipe=qwen2.5-3b-gsm8k-lora", "trainer.default_local_dir=/ckpt"], "cluster.runs_root"),
+    ("verl-adv-estimator", {}, ["recipe=qwen2.5-3b-gsm8k-lora", "algorithm.adv_estimator=gae"],
+     "algorithm.adv_estimator=grpo for every GRPO run"),
 ]
 
 

@@ -1,0 +1,296 @@
+"""A verl launch script -> a recipe that runs the same verl config (`hpc-grpo import`).
+
+Each override is routed as the command line routes it (engines.verl_keymap): a plain copy of a recipe key becomes
+that key, a key hpc-grpo sets itself is dropped with the setting that decides it, the rest is passthrough. Then the
+two configs main_ppo would run, the script's and the recipe's, are composed with verl's real Hydra config and
+compared leaf by leaf: what the base recipe changes behind the script's back (its defaults for val_before_train,
+offloads, dynamic batch, the reward...) is set back to the script's value, and what hpc-grpo owns (paths in the run
+directory, its loggers) is listed as changed, with the reason. A silent change is the bug this exists to prevent.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from hpc_grpo.common.yamlio import SpecError, dump_yaml, parse_scalar
+from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.config.secrets import SECRET_ENV, secret_in
+from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.engines.verl import (
+    CONFIG_NAMES,
+    OWN_SECTIONS,
+    RESUME_KEYS,
+    VerlEngine,
+    modelled_overrides,
+    owned_refusal,
+)
+from hpc_grpo.engines.verl_keymap import inverse_map
+from hpc_grpo.engines.verl_keys import bare_key, format_value, real_fix, real_key_for
+from hpc_grpo.engines.verl_schema import composed_leaves, verl_config_dir
+from hpc_grpo.engines.verl_script import Script, parse_script
+
+# The shipped recipe each backend starts from when --recipe is not given.
+DEFAULT_BASE = {"fsdp": "qwen2.5-3b-gsm8k-lora", "megatron": "qwen2.5-72b-megatron"}
+SLURM_ENV = {"CUDA_VISIBLE_DEVICES": "Slurm gives the job its GPUs; each node's processes see them"}
+MAX_ROUNDS = 12
+_MISSING = object()
+_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+\Z")
+UNUSABLE = "dropped (verl would refuse it)"
+
+
+@dataclass
+class Row:
+    """One override or export of the script: where it went and why."""
+
+    item: str
+    went: str
+    why: str = ""
+
+
+@dataclass
+class Imported:
+    name: str
+    base: str
+    backend: str
+    config_name: str
+    recipe: dict[str, Any]  # dotted recipe key -> value, only where it differs from the base
+    passthrough: dict[str, Any]
+    env: dict[str, str]  # exports for cluster.env
+    rows: list[Row]
+    changed: list[Row]  # composed leaves the recipe runs differently from the script, with the reason
+    compared: str  # how the comparison was made, or why it was not
+    script: Script
+    spec: RunSpec | None = None
+
+    def yaml_text(self, source: str) -> str:
+        """The recipe file: `extends` the base and holds only what differs, with what changed in comments."""
+        data: dict[str, Any] = {"name": self.name, "extends": self.base}
+        for key, value in self.recipe.items():
+            node = data
+            *parents, last = key.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = value
+        if self.passthrough:
+            data["passthrough"] = dict(self.passthrough)
+        head = [(f"# Imported by `hpc-grpo import` from {source} (verl --config-name {self.config_name}), based on "
+                 f"recipe {self.base}."), f"# Composed and compared with verl's config: {self.compared}."]
+        if self.changed:
+            head.append("# Runs differently from the script (hpc-grpo decides these):")
+            head += [f"#   {r.item}: {r.why}" for r in self.changed]
+        if self.env:
+            head.append("# The script's exports: add them to your cluster profile's env (or on the command line):")
+            head += [f"#   cluster.env.{k}={v}" for k, v in self.env.items()]
+        if self.script.unresolved:
+            head.append(f"# Not resolved in the script (left as written): ${', $'.join(self.script.unresolved)}")
+        return "\n".join(head) + "\n" + dump_yaml(data)
+
+
+def _placement(spec: RunSpec) -> dict[str, str]:
+    """verl key -> the resources key hpc-grpo renders it from (trainer.nnodes -> resources.nodes ...)."""
+    return {bare_key(o.key): o.source for o in modelled_overrides(spec) if o.source.startswith(OWN_SECTIONS)}
+
+
+def _recipe_value(spec: RunSpec, key: str) -> Any:
+    node: Any = spec.recipe
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _candidate(base: str, cluster: str, recipe: dict[str, Any], passthrough: dict[str, Any]) -> RunSpec:
+    items = [f"{k}={format_value(v)}" for k, v in recipe.items()]
+    items += [f"passthrough.{k}={format_value(v)}" for k, v in passthrough.items()]
+    return resolve_spec(base, cluster, items, run_name="imported", now=0.0)
+
+
+def typed_value(raw: str) -> Any:
+    """A script's value typed as Hydra types it: YAML's rules, and `3e-6` is a float (YAML 1.1 reads a string)."""
+    value = parse_scalar(raw)
+    if isinstance(value, str) and _FLOAT.match(value):
+        return float(value)
+    return value
+
+
+def _route(script: Script, spec: RunSpec, rows: list[Row]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """First pass: each override to a recipe key, a resources key, passthrough, or dropped (with the reason)."""
+    exact, place = inverse_map(spec), _placement(spec)
+    owned = {bare_key(o.key): o for o in modelled_overrides(spec)}
+    recipe: dict[str, Any] = {}
+    passthrough: dict[str, Any] = {}
+    for item in script.overrides:
+        key, raw = item.split("=", 1)
+        value = typed_value(raw)
+        bare = bare_key(key)
+        target = exact.get(bare) or place.get(bare)
+        if secret_in(key, value):
+            rows.append(Row(key, UNUSABLE, "a secret: export it in the shell you submit from (not written)"))
+        elif real_key_for(key) is not None:
+            rows.append(Row(item, UNUSABLE, f"not a verl 0.9.1 key: {real_fix(real_key_for(key) or '')}"))
+        elif target is not None:
+            recipe[target] = value
+            rows.append(Row(item, f"{target}={format_value(value)}"))
+        elif bare in RESUME_KEYS:
+            rows.append(Row(item, "dropped", owned_refusal(value, None)[0]))
+        elif bare in owned:
+            src = owned[bare].source
+            same = format_value(owned[bare].value) == format_value(value)
+            why = ("hpc-grpo sets the same" if same else owned_refusal(value, owned[bare])[0] if src.startswith(
+                ("engine", "run ")) else f"hpc-grpo renders it from recipe key {src}: see what still differs")
+            rows.append(Row(item, "dropped", why))
+        else:
+            passthrough[key] = value
+            rows.append(Row(item, "passthrough"))
+    return recipe, passthrough
+
+
+def _exports(script: Script, spec: RunSpec, rows: list[Row]) -> dict[str, str]:
+    command = VerlEngine().command(spec)
+    ours = {**command.env, **command.node_env}
+    env: dict[str, str] = {}
+    for name, value in script.exports.items():
+        if name in SECRET_ENV:
+            rows.append(Row(f"export {name}", "dropped", "a secret: export it in the shell you submit from "
+                                                          "(not written)"))
+        elif name in ours:
+            rows.append(Row(f"export {name}={value}", "dropped", "hpc-grpo sets it for the job"))
+        elif name in SLURM_ENV:
+            rows.append(Row(f"export {name}={value}", "dropped", SLURM_ENV[name]))
+        else:
+            env[name] = value
+            rows.append(Row(f"export {name}={value}", f"cluster.env.{name}"))
+    return env
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    return sorted(p for p in a.keys() | b.keys() if a.get(p, _MISSING) != b.get(p, _MISSING))
+
+
+def _fitting(base: str, cluster: str, recipe: dict[str, Any], passthrough: dict[str, Any], rows: list[Row]) -> RunSpec:
+    """The candidate spec; a script value its recipe key refuses (a list of files for data.train_files) is taken out
+    and its row says why, so the user sets that key by hand."""
+    while True:
+        try:
+            return _candidate(base, cluster, recipe, passthrough)
+        except SpecError as exc:
+            if exc.key not in recipe:
+                raise
+            value = recipe.pop(exc.key)
+            for row in rows:
+                if row.went == f"{exc.key}={format_value(value)}":
+                    row.went, row.why = "dropped", f"recipe key {exc.key} refuses it ({exc}): set {exc.key} by hand"
+
+
+def _composable(config: str, folder: Any, base: str, cluster: str, recipe: dict[str, Any],
+                passthrough: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """passthrough plus the extra keys verl's config takes (a leaf inside an interpolated node, like the reference's
+    override_transformer_config, cannot be set on its own: it stays listed as changed)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    def composes(p: dict[str, Any]) -> bool:
+        try:
+            composed_leaves(config, VerlEngine().command(_candidate(base, cluster, recipe, p)).overrides, folder)
+        except (HydraException, OmegaConfBaseException):
+            return False
+        return True
+
+    if composes({**passthrough, **extra}):
+        return {**passthrough, **extra}
+    for key, value in extra.items():
+        if composes({**passthrough, key: value}):
+            passthrough = {**passthrough, key: value}
+    return passthrough
+
+
+def _settle(theirs: dict[str, Any], config: str, folder: Any, base: str, cluster: str, recipe: dict[str, Any],
+            passthrough: dict[str, Any], spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], RunSpec]:
+    """Set back every composed leaf the recipe changes behind the script's back, where a recipe key or passthrough
+    can: recipe keys first (they move interpolated leaves too), then passthrough for what no recipe key models.
+    A derived key's source field is tried at the script's value and kept only when fewer leaves differ."""
+    def differ(s: RunSpec) -> list[str]:
+        return _diff(theirs, composed_leaves(config, VerlEngine().command(s).overrides, folder))
+
+    tried: set[str] = set()
+    diff = differ(spec)
+    for _ in range(MAX_ROUNDS):
+        exact, place = inverse_map(spec), _placement(spec)
+        owned = {bare_key(o.key): o for o in modelled_overrides(spec)}
+        moved = False
+        for path in (p for p in diff if p in theirs):
+            field_ = exact.get(path) or place.get(path)
+            derived = field_ is None and path in owned and not owned[path].source.startswith(("engine", "run "))
+            if derived and owned[path].source not in tried:
+                field_ = owned[path].source
+                tried.add(field_)
+            if field_ is None or format_value(recipe.get(field_, _MISSING)) == format_value(theirs[path]):
+                continue
+            value = theirs[path]
+            now = _recipe_value(spec, field_)
+            if derived and isinstance(now, bool) and not isinstance(value, bool):
+                value = not now  # a flag that renders several keys (recompute): try it the other way
+            trial = {**recipe, field_: value}
+            try:
+                trial_spec = _candidate(base, cluster, trial, passthrough)
+            except SpecError:
+                continue
+            if derived:
+                trial_diff = differ(trial_spec)
+                if len(trial_diff) >= len(diff):
+                    continue
+            recipe, spec, moved = trial, trial_spec, True
+        if not moved:
+            extra = {p: theirs[p] for p in diff if p in theirs and p not in owned and p not in exact and p not in place}
+            if not extra:
+                break
+            passthrough = _composable(config, folder, base, cluster, recipe, passthrough, extra)
+            spec = _candidate(base, cluster, recipe, passthrough)
+            if not set(extra) & set(passthrough):
+                break
+        diff = differ(spec)
+    return recipe, passthrough, spec
+
+
+def import_script(text: str, name: str, base: str | None = None, cluster: str = "local") -> Imported:
+    """The recipe a verl launch script becomes (see the module doc); SpecError for what cannot be imported."""
+    script = parse_script(text)
+    config = script.config_name or "ppo_trainer"
+    backends = {v: k for k, v in CONFIG_NAMES.items()}
+    if config not in backends:
+        raise SpecError(f"--config-name {config} is not one hpc-grpo runs (it runs {', '.join(backends)}): "
+                        "import a script that starts GRPO with one of them", key="--config-name")
+    backend = backends[config]
+    base = base or DEFAULT_BASE[backend]
+    spec = resolve_spec(base, cluster, [], run_name="imported", now=0.0)
+    if spec.recipe.engine != "verl" or spec.recipe.backend != backend:
+        raise SpecError(f"recipe {base} is {spec.recipe.engine}/{spec.recipe.backend}, the script is verl/{backend}: "
+                        f"choose a verl {backend} recipe with --recipe", key="--recipe")
+    rows: list[Row] = []
+    recipe, passthrough = _route(script, spec, rows)
+    env = _exports(script, spec, rows)
+    spec = _fitting(base, cluster, recipe, passthrough, rows)
+    changed: list[Row] = []
+    folder = verl_config_dir()
+    if folder is None:
+        compared = "not done (verl's config or hydra is not installed here): the base recipe's defaults may differ"
+    else:
+        unusable = {r.item.split("=", 1)[0] for r in rows if r.went == UNUSABLE}
+        theirs = composed_leaves(config, [o for o in script.overrides if o.split("=", 1)[0] not in unusable], folder)
+        recipe, passthrough, spec = _settle(theirs, config, folder, base, cluster, recipe, passthrough, spec)
+        ours = composed_leaves(config, VerlEngine().command(spec).overrides, folder)
+        owned = {bare_key(o.key): o for o in modelled_overrides(spec)}
+        for path in _diff(theirs, ours):
+            script_value = format_value(theirs.get(path)) if path in theirs else "(not in verl's config)"
+            why = (owned_refusal(theirs.get(path), owned[path])[0] if path in owned
+                   else "hpc-grpo's recipe renders it differently")
+            changed.append(Row(path, f"{script_value} -> {format_value(ours.get(path))}", why))
+        compared = f"verl {config}, {len(theirs)} leaves, {len(changed)} differ"
+    owned_now = {bare_key(o.key): format_value(o.value) for o in modelled_overrides(spec)}
+    passthrough = {k: v for k, v in passthrough.items() if owned_now.get(bare_key(k)) != format_value(v)}
+    base_spec = resolve_spec(base, cluster, [], run_name="imported", now=0.0)
+    recipe = {k: v for k, v in recipe.items()
+              if format_value(_recipe_value(base_spec, k)) != format_value(_recipe_value(spec, k))}
+    return Imported(name=name, base=base, backend=backend, config_name=config, recipe=recipe, passthrough=passthrough,
+                    env=env, rows=rows, changed=changed, compared=compared, script=script, spec=spec)

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# GRPO on a 30B-A3B MoE with Megatron expert parallelism over four nodes; written for hpc-grpo's import tests
+export VLLM_ALLREDUCE_USE_SYMM_MEM=0
+export NCCL_DEBUG=WARN
+export WANDB_API_KEY=abc123notreal
+
+MODEL_PATH=/shared/models/Qwen3-30B-A3B
+NODES=4
+GPUS=8
+EP=8
+ETP=1
+
+python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer \
+  algorithm.adv_estimator=grpo \
+  algorithm.norm_adv_by_std_in_grpo=False \
+  data.train_files=/shared/data/math/train.parquet \
+  data.val_files=/shared/data/math/test.parquet \
+  data.train_batch_size=256 \
+  data.max_prompt_length=2048 \
+  data.max_response_length=4096 \
+  data.filter_overlong_prompts=True \
+  data.truncation=left \
+  actor_rollout_ref.model.path=${MODEL_PATH} \
+  actor_rollout_ref.model.trust_remote_code=True \
+  actor_rollout_ref.actor.optim.lr=5e-7 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 \
+  actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
+  actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \
+  actor_rollout_ref.actor.megatron.expert_model_parallel_size=$EP \
+  actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=$ETP \
+  actor_rollout_ref.actor.megatron.sequence_parallel=True \
+  actor_rollout_ref.actor.megatron.param_offload=True \
+  actor_rollout_ref.actor.megatron.optimizer_offload=True \
+  actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full \
+  actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform \
+  actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1 \
+  actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4 \
+  actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2 \
+  actor_rollout_ref.ref.megatron.expert_model_parallel_size=$EP \
+  actor_rollout_ref.ref.megatron.expert_tensor_parallel_size=$ETP \
+  actor_rollout_ref.ref.megatron.param_offload=True \
+  actor_rollout_ref.actor.use_kl_loss=False \
+  actor_rollout_ref.rollout.name=vllm \
+  actor_rollout_ref.rollout.tensor_model_parallel_size=8 \
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.65 \
+  actor_rollout_ref.rollout.n=16 \
+  actor_rollout_ref.rollout.temperature=0.9 \
+  trainer.logger='[console,wandb]' \
+  trainer.project_name=moe_grpo \
+  trainer.experiment_name=q3_30b_a3b_ep8 \
+  trainer.nnodes=$NODES \
+  trainer.n_gpus_per_node=$GPUS \
+  trainer.val_before_train=False \
+  trainer.save_freq=25 \
+  trainer.test_freq=25 \
+  trainer.total_training_steps=300 $@
