@@ -1,4 +1,4 @@
-"""Issue 25, item 2a: `hpc-grpo import` turns a verl launch script into a recipe that runs the same verl config.
+"""`hpc-grpo import` turns a verl launch script into a recipe that runs the same verl config.
 
 The property: `plan` on the imported recipe composes (with verl's real Hydra config) to the tree the script
 composes to, except for the leaves the import lists as changed, and it lists no leaf that does not differ. Checked on
@@ -63,9 +63,37 @@ def test_plan_on_the_imported_recipe_composes_to_the_script_but_for_what_it_list
     listed = {r.item for r in result.changed}
     assert _differs(theirs, ours) == listed
     # what the import may change is what hpc-grpo owns: paths in the run directory, its loggers, vLLM's length
+    # (and the reference's log-prob micro batch: one recipe key, batch.log_prob_micro_per_gpu, sets the rollout's and
+    # the reference's, where a script may set only the rollout's)
     owned = ("trainer.default_local_dir", "trainer.logger", "ray_kwargs.ray_init.runtime_env.env_vars.",
-             "actor_rollout_ref.rollout.max_model_len", "data.train_files", "data.val_files")
+             "actor_rollout_ref.rollout.max_model_len", "data.train_files", "data.val_files",
+             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu")
     assert all(p.startswith(owned) for p in listed), listed
+
+
+@pytest.mark.parametrize("stem", ["fsdp_lora_gsm8k", "megatron_dense", "megatron_moe_ep", "fsdp_dynamic_bsz"])
+def test_each_imported_recipe_plans_clean_and_renders_on_a_gpu_cluster(stem: str, imported: dict,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each shape plans with no error on a GPU profile (verl's schema and dataclasses included: the scripts are valid
+    verl) and renders; the launch script carries what the script set (its learning rate, in verl's key)."""
+    from hpc_grpo.launch.render import render_all
+    from hpc_grpo.planning.plan import run_plan
+    from hpc_grpo.runstate import layout
+
+    config_folder()
+    result = imported["results"][stem]
+    monkeypatch.setenv("HPC_GRPO_PATH", str(imported["root"]))
+    spec, _ = resolve_with_verl_keys(result.name, "h100-efa", ["cluster.runs_root=/nonexistent/runs"], run_name="p")
+    plan = run_plan(spec)
+    assert plan.ok, [f"{f.key}: {f.message}" for f in plan.findings if f.severity.value == "error"]
+    assert plan.schema_checked.endswith(": ok"), plan.schema_checked
+    launch = render_all(plan.spec)[layout.LAUNCH_SCRIPT]
+    script = parse_script((SCRIPTS / f"{stem}.sh").read_text())
+    key = "actor_rollout_ref.actor.optim.lr="
+    theirs = next(o for o in script.overrides if o.startswith(key))
+    ours = next(o for o in VerlEngine().command(plan.spec).overrides if o.startswith(key))
+    assert float(ours.removeprefix(key)) == float(theirs.removeprefix(key)), (ours, theirs)
+    assert ours in launch, ours
 
 
 def test_what_each_script_says_lands_in_recipe_keys(imported: dict) -> None:

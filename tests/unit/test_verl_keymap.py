@@ -1,4 +1,4 @@
-"""Issue 25, item 1: verl's own names for the keys hpc-grpo models are translated, checked or passed through.
+"""verl's own names for the keys hpc-grpo models are translated, checked or passed through.
 
 The inverse map (engines.verl_keymap) is derived from modelled_overrides; these tests hold it to its promise: a
 translated verl key renders exactly what its recipe key renders, for every key the map holds, with a value other

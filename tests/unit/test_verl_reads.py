@@ -1,4 +1,4 @@
-"""Checks that read what verl reads (issue 25, item 4): offload typed as verl's own key counts in the memory estimate,
+"""Checks that read what verl reads: offload typed as verl's own key counts in the memory estimate,
 megatron-core's pipeline split, and accepting an estimate explicitly through the real CLI."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 25, item 3, side by side: for each case typed as a user types it (CLI overrides on the tiny-verl recipe),
+"""Plan and verl's runtime side by side: for each case typed as a user types it (CLI overrides on the tiny-verl recipe),
 plan's verdict next to verl's runtime verdict, the latter from verl's and peft's own code in `.venv-verl`
 (tests/unit/verl_runtime_probe.py: Hydra, omega_conf_to_dataclass on the nodes verl's workers convert, peft at
 model load, verl's policy loss and update iterator). The verdicts must agree; a valid recipe passes both.
@@ -47,6 +47,12 @@ CASES: dict[str, tuple[list[str], str, str, str]] = {
                                          "lora.target_modules", "model load"),
     "LoRA targets, one missing (peft ignores it)": (["lora.target_modules=[q_proj,nonexistent_proj]"], "ok",
                                                     "lora.target_modules", ""),
+    # refused by plan before, though verl runs them: each typed in verl's own words
+    "verl's own data key": (["data.return_raw_chat=True"], "ok", "", ""),
+    "a list of data files": (["data.train_files=[/nonexistent/gsm8k.parquet,/nonexistent/math.parquet]"], "ok", "", ""),
+    "KL in the reward, by verl's name": (["algorithm.use_kl_in_reward=True"], "ok", "", ""),
+    "a modelled key, by verl's name": (["actor_rollout_ref.rollout.n=4"], "ok", "", ""),
+    "a key hpc-grpo sets, equal to its value": (["trainer.nnodes=1"], "ok", "", ""),
 }
 STRICTER = (["actor_rollout_ref.actor.clip_ratio=abc"], "engine.actor_rollout_ref.actor.clip_ratio")
 

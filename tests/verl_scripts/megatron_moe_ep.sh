@@ -25,6 +25,7 @@ python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer \
   actor_rollout_ref.actor.optim.lr=5e-7 \
   actor_rollout_ref.actor.ppo_mini_batch_size=64 \
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
   actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
   actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \
   actor_rollout_ref.actor.megatron.expert_model_parallel_size=$EP \
