@@ -84,13 +84,17 @@ def run_plan_cli(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
     return exc.value.code, captured.out + captured.err
 
 
-def test_the_verl_name_points_at_the_recipe_key_not_the_kl_loss(isolated: Path, monkeypatch, capsys) -> None:
+def test_the_verl_name_is_the_recipe_key_not_the_kl_loss(isolated: Path, monkeypatch, capsys) -> None:
+    """verl's own key means grpo.kl_in_reward (translated, with a line saying so), never grpo.kl_loss; a value that
+    contradicts the recipe key typed beside it is refused naming both."""
     code, text = run_plan_cli(monkeypatch, capsys, "recipe=tiny-verl", "algorithm.use_kl_in_reward=True")
-    assert code == 1, text
-    assert ("error: passthrough.algorithm.use_kl_in_reward: algorithm.use_kl_in_reward=True: hpc-grpo sets this verl "
-            "key from recipe key 'grpo.kl_in_reward' (one place for each setting) Fix: set grpo.kl_in_reward=true "
-            "instead") in text
-    assert "grpo.kl_loss" not in text
+    assert "algorithm.use_kl_in_reward=True -> grpo.kl_in_reward=True" in text, text
+    assert "error:" not in text, text
+    # it took effect: both KLs are now on (tiny-verl keeps the loss's), which plan warns about
+    assert "warning: grpo.kl_in_reward: true with grpo.kl_loss=true" in text, text
+    code, text = run_plan_cli(monkeypatch, capsys, "recipe=tiny-verl", "algorithm.use_kl_in_reward=True",
+                              "grpo.kl_in_reward=false")
+    assert code == 2 and "grpo.kl_in_reward" in text and "algorithm.use_kl_in_reward" in text, text
 
 
 def test_both_kls_on_is_a_warning_naming_the_coefficient(isolated: Path, monkeypatch, capsys) -> None:
