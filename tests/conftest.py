@@ -45,3 +45,23 @@ def require_gsm8k() -> Path:
 @pytest.fixture
 def gsm8k_dir() -> Path:
     return require_gsm8k()
+
+
+def require_verl_yamls() -> Path:
+    """verl's config folder (YAMLs and Hydra in this interpreter); a skip (with the reason printed) only off CI,
+    where tools/setup-env.sh dev installs them."""
+    from hpc_grpo.engines.verl_schema import verl_config_dir
+
+    folder = verl_config_dir()
+    if folder is None:
+        reason = "verl's config YAMLs or hydra are not installed here (pip install --no-deps verl hydra-core omegaconf)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason}: CI must have them (tools/setup-env.sh dev)")
+        print(reason)
+        pytest.skip(reason)
+    return folder
+
+
+@pytest.fixture
+def verl_yamls() -> Path:
+    return require_verl_yamls()

@@ -6,25 +6,11 @@ interpolation of verl's that follows another key. Printed and in --json."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-import pytest
-
-from hpc_grpo.cli import app as cli
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.engines.verl_defaults import ABSENT, MISSING, Difference, diff_defaults
-from hpc_grpo.engines.verl_schema import verl_config_dir
-
-
-@pytest.fixture
-def verl_yamls() -> Path:
-    folder = verl_config_dir()
-    if folder is None:
-        reason = "verl's config YAMLs are not installed (pip install --no-deps verl hydra-core omegaconf)"
-        print(reason)
-        pytest.skip(reason)
-    return folder
+from tests.cli_run import run_plan
 
 
 def diff_of(tmp_path: Path, folder: Path, recipe: str, cluster: str, *extra: str) -> dict[str, Difference]:
@@ -71,13 +57,6 @@ def test_cpu_mode_and_a_section_that_follows_another_are_named(verl_yamls, tmp_p
     assert mega["actor_rollout_ref.actor.use_dynamic_bsz"].why == "recipe key batch.dynamic_bsz (recipe file)"
 
 
-def run_cli(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
-    monkeypatch.setattr(sys, "argv", ["hpc-grpo", "plan", *argv])
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-    return exc.value.code, capsys.readouterr().out
-
-
 def test_the_cluster_profile_is_named_where_the_recipe_leaves_gpus_to_it(verl_yamls, isolated, monkeypatch,
                                                                          capsys) -> None:
     lib = isolated / "lib" / "recipes"
@@ -85,34 +64,34 @@ def test_the_cluster_profile_is_named_where_the_recipe_leaves_gpus_to_it(verl_ya
     (lib / "mine.yaml").write_text("name: mine\nengine: verl\nmodel: {path: Qwen/Qwen2.5-3B-Instruct}\n"
                                    "data: {train_files: /d/train.parquet, val_files: /d/test.parquet}\n")
     monkeypatch.setenv("HPC_GRPO_PATH", str(isolated / "lib"))
-    _, text = run_cli(monkeypatch, capsys, "recipe=mine", "cluster=h100-efa", "--diff-defaults")
+    _, text = run_plan(monkeypatch, capsys, "recipe=mine", "cluster=h100-efa", "--diff-defaults")
     assert "trainer.n_gpus_per_node  |" not in text  # verl's 8 = the profile's 8: no difference
-    _, text = run_cli(monkeypatch, capsys, "recipe=mine", "cluster=slurm-dev", "--diff-defaults")
+    _, text = run_plan(monkeypatch, capsys, "recipe=mine", "cluster=slurm-dev", "--diff-defaults")
     assert "  trainer.n_gpus_per_node  |  8  |  4  |  cluster profile slurm-dev (gpus_per_node 4)" in text
-    _, text = run_cli(monkeypatch, capsys, "recipe=mine", "cluster=h100-efa", "--diff-defaults", "cluster.gpus_per_node=2")
+    _, text = run_plan(monkeypatch, capsys, "recipe=mine", "cluster=h100-efa", "--diff-defaults", "cluster.gpus_per_node=2")
     assert ("  trainer.n_gpus_per_node  |  8  |  2  |  cluster profile h100-efa (command line: cluster.gpus_per_node=2)"
             in text)
 
 
 def test_printed_lines_and_json(verl_yamls, isolated, monkeypatch, capsys) -> None:
-    _, text = run_cli(monkeypatch, capsys, "recipe=tiny-verl", "--diff-defaults")
+    _, text = run_plan(monkeypatch, capsys, "recipe=tiny-verl", "--diff-defaults")
     assert "verl defaults this run changes (" in text
     assert ("  actor_rollout_ref.rollout.response_length  |  512 (= ${oc.select:data.max_response_length,512})  |  16"
             "  |  verl's interpolation") in text
     assert "  actor_rollout_ref.rollout.name  |  ???  |  vllm  |  recipe key rollout.name (recipe file)" in text
-    _, out = run_cli(monkeypatch, capsys, "recipe=tiny-verl", "--diff-defaults", "--json")
+    _, out = run_plan(monkeypatch, capsys, "recipe=tiny-verl", "--diff-defaults", "--json", stdout_only=True)
     got = json.loads(out)["diff_defaults"]
     keys = {d["key"]: d for d in got["keys"]}
     assert keys["trainer.device"] == {"key": "trainer.device", "default": "cuda", "value": "cpu",
                                       "why": "hpc-grpo CPU mode (verl CPU mode (no GPU given))", "interpolation": None}
     assert got["note"] == f"{len(got['keys'])} verl keys differ from verl 0.9.1's defaults"
-    _, plain = run_cli(monkeypatch, capsys, "recipe=tiny-verl", "--json")
+    _, plain = run_plan(monkeypatch, capsys, "recipe=tiny-verl", "--json", stdout_only=True)
     assert "diff_defaults" not in json.loads(plain)  # only when asked: it costs two Hydra composes
 
 
 def test_not_computed_where_verl_rejects_the_overrides_and_not_for_trl(verl_yamls, isolated, monkeypatch,
                                                                        capsys) -> None:
-    _, text = run_cli(monkeypatch, capsys, "recipe=tiny-verl", "--diff-defaults", "trainer.no_such_key=1")
+    _, text = run_plan(monkeypatch, capsys, "recipe=tiny-verl", "--diff-defaults", "trainer.no_such_key=1")
     assert "verl defaults: not computed: verl's config rejects this run's overrides (see the errors below)" in text
-    _, text = run_cli(monkeypatch, capsys, "recipe=tiny-gsm8k", "--diff-defaults")
+    _, text = run_plan(monkeypatch, capsys, "recipe=tiny-gsm8k", "--diff-defaults")
     assert "verl defaults: not applicable: trl has no verl config" in text

@@ -3,18 +3,17 @@ the verl name typed on the command line points at the recipe key; both KLs on is
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from hpc_grpo.cli import app as cli
 from hpc_grpo.config.layout import layout_of
 from hpc_grpo.config.models import resolve_shape
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.engines.verl import VerlEngine, config_name, modelled_overrides
 from hpc_grpo.engines.verl_memory import check_memory
 from hpc_grpo.engines.verl_schema import verl_config_dir
+from tests.cli_run import run_plan
 
 RECIPE = "qwen2.5-7b-codegen"  # full fine-tuning: the reference model is a memory term of its own
 
@@ -76,36 +75,28 @@ def test_the_reward_kl_alone_still_counts_the_reference_model(tmp_path: Path) ->
     assert reference_gib("grpo.kl_in_reward=true") > 0
 
 
-def run_plan_cli(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
-    monkeypatch.setattr(sys, "argv", ["hpc-grpo", "plan", *argv])
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-    captured = capsys.readouterr()
-    return exc.value.code, captured.out + captured.err
-
-
 def test_the_verl_name_is_the_recipe_key_not_the_kl_loss(isolated: Path, monkeypatch, capsys) -> None:
     """verl's own key means grpo.kl_in_reward (translated, with a line saying so), never grpo.kl_loss; a value that
     contradicts the recipe key typed beside it is refused naming both."""
-    code, text = run_plan_cli(monkeypatch, capsys, "recipe=tiny-verl", "algorithm.use_kl_in_reward=True")
+    code, text = run_plan(monkeypatch, capsys, "recipe=tiny-verl", "algorithm.use_kl_in_reward=True")
     assert "algorithm.use_kl_in_reward=True -> grpo.kl_in_reward=True" in text, text
     assert "error:" not in text, text
     # it took effect: both KLs are now on (tiny-verl keeps the loss's), which plan warns about
     assert "warning: grpo.kl_in_reward: true with grpo.kl_loss=true" in text, text
-    code, text = run_plan_cli(monkeypatch, capsys, "recipe=tiny-verl", "algorithm.use_kl_in_reward=True",
-                              "grpo.kl_in_reward=false")
+    code, text = run_plan(monkeypatch, capsys, "recipe=tiny-verl", "algorithm.use_kl_in_reward=True",
+                          "grpo.kl_in_reward=false")
     assert code == 2 and "grpo.kl_in_reward" in text and "algorithm.use_kl_in_reward" in text, text
 
 
 def test_both_kls_on_is_a_warning_naming_the_coefficient(isolated: Path, monkeypatch, capsys) -> None:
-    _, text = run_plan_cli(monkeypatch, capsys, "recipe=tiny-verl", "grpo.kl_in_reward=true", "grpo.kl_coef=0.01")
+    _, text = run_plan(monkeypatch, capsys, "recipe=tiny-verl", "grpo.kl_in_reward=true", "grpo.kl_coef=0.01")
     assert ("warning: grpo.kl_in_reward: true with grpo.kl_loss=true: the KL to the reference is both in the loss and "
             "subtracted from the reward, each weighted grpo.kl_coef=0.01") in text
-    _, alone = run_plan_cli(monkeypatch, capsys, "recipe=tiny-verl", "grpo.kl_in_reward=true", "grpo.kl_loss=false")
+    _, alone = run_plan(monkeypatch, capsys, "recipe=tiny-verl", "grpo.kl_in_reward=true", "grpo.kl_loss=false")
     assert "grpo.kl_in_reward" not in alone
 
 
 def test_trl_refuses_it(isolated: Path, monkeypatch, capsys) -> None:
-    code, text = run_plan_cli(monkeypatch, capsys, "recipe=tiny-gsm8k", "grpo.kl_in_reward=true")
+    code, text = run_plan(monkeypatch, capsys, "recipe=tiny-gsm8k", "grpo.kl_in_reward=true")
     assert code == 1
     assert "error: grpo.kl_in_reward: true: trl's GRPO has its KL term in the loss only (beta)" in text

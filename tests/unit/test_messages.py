@@ -4,45 +4,28 @@ error. Input errors exit 2; a plan refused by its findings exits 1 (README: "An 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from hpc_grpo.cli import app as cli
 from hpc_grpo.config import registry
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.engines.verl import VerlEngine
-from hpc_grpo.engines.verl_schema import key_tree, plus_typos, verl_config_dir
+from hpc_grpo.engines.verl_schema import key_tree, plus_typos
+from tests.cli_run import run_plan
 
 TYPO = "actor_rollout_ref.actor.clip_ratio_hgh"
 REAL = "actor_rollout_ref.actor.clip_ratio_high"
-
-
-def run_cli(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
-    monkeypatch.setattr(sys, "argv", ["hpc-grpo", "plan", *argv])
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-    captured = capsys.readouterr()
-    return exc.value.code, captured.out + captured.err
 
 
 def findings(text: str, key: str) -> list[str]:
     return [ln.strip() for ln in text.splitlines() if ln.strip().startswith(("error: " + key, "warning: " + key))]
 
 
-@pytest.fixture
-def verl_yamls() -> Path:
-    folder = verl_config_dir()
-    if folder is None:
-        reason = "verl's config YAMLs are not installed (pip install --no-deps verl hydra-core omegaconf)"
-        print(reason)
-        pytest.skip(reason)
-    return folder
 
 
 def test_a_verl_typo_gets_the_closest_real_key_and_an_unmangled_fix(verl_yamls, isolated, monkeypatch, capsys) -> None:
-    code, text = run_cli(monkeypatch, capsys, "recipe=tiny-verl", f"{TYPO}=0.3")
+    code, text = run_plan(monkeypatch, capsys, "recipe=tiny-verl", f"{TYPO}=0.3")
     assert code == 1, text
     [line] = findings(text, f"engine.{TYPO}")
     assert f"'{TYPO}=0.3': verl's config rejects it" in line
@@ -55,7 +38,7 @@ def test_a_verl_typo_gets_the_closest_real_key_and_an_unmangled_fix(verl_yamls, 
     ("actor_rollout_ref.actr.clip_ratio_high", REAL),  # the typo in a section's name
 ])
 def test_a_plus_key_one_letter_from_a_real_key_is_a_typo(typo, meant, verl_yamls, isolated, monkeypatch, capsys) -> None:
-    code, text = run_cli(monkeypatch, capsys, "recipe=tiny-verl", f"+{typo}=0.3")
+    code, text = run_plan(monkeypatch, capsys, "recipe=tiny-verl", f"+{typo}=0.3")
     assert code == 1, text
     [line] = findings(text, f"engine.{typo}")
     assert f"'+{typo}=0.3' adds a new key, and verl's config has '{meant}'" in line
@@ -68,7 +51,7 @@ def test_a_plus_typo_in_a_dataclass_section_is_one_error_quoting_verls_failure(v
     """verl builds actor_rollout_ref.actor as FSDPActorConfig: the typo fails at start-up (even with ++), so the
     one finding is the dataclass's, with the closest field; not a second 'typo' error for the same key."""
     for override in (f"+{TYPO}=0.3", f"++{TYPO}=0.3"):
-        code, text = run_cli(monkeypatch, capsys, "recipe=tiny-verl", override)
+        code, text = run_plan(monkeypatch, capsys, "recipe=tiny-verl", override)
         assert code == 1, text
         [line] = findings(text, f"engine.{TYPO}")
         assert "unexpected keyword argument 'clip_ratio_hgh'" in line and f"did you mean {REAL}?" in line, line
@@ -77,7 +60,7 @@ def test_a_plus_typo_in_a_dataclass_section_is_one_error_quoting_verls_failure(v
 def test_plus_plus_adds_the_near_key_on_purpose_and_a_distinct_new_key_passes(verl_yamls, isolated, monkeypatch,
                                                                               capsys) -> None:
     for override in ("++trainer.balance_bach=0.3", "+trainer.my_new_setting=1"):
-        _, text = run_cli(monkeypatch, capsys, "recipe=tiny-verl", override)
+        _, text = run_plan(monkeypatch, capsys, "recipe=tiny-verl", override)
         assert "engine." not in text, text
         assert "'ppo_trainer' and checked against its config dataclasses" in text and "config hash): ok" in text, text
 
@@ -94,7 +77,7 @@ def test_no_shipped_recipe_renders_a_plus_key_that_looks_like_a_typo(recipe: str
 @pytest.mark.parametrize("typed,kind", [("0", "a number"), ("1.5", "a number"), ("true", "a boolean"),
                                         ("null", "nothing (null)")])
 def test_a_value_yaml_typed_gets_a_hint_to_quote_it(typed, kind, isolated, monkeypatch, capsys) -> None:
-    code, text = run_cli(monkeypatch, capsys, "recipe=tiny-verl", f"cluster.env.MY_FLAG={typed}")
+    code, text = run_plan(monkeypatch, capsys, "recipe=tiny-verl", f"cluster.env.MY_FLAG={typed}")
     assert code == 2, text
     assert "error: cluster.env.MY_FLAG: Input should be a valid string" in text
     assert (f"YAML read it as {kind}: quote what you typed to keep it text, e.g. cluster.env.MY_FLAG='\"{typed}\"' "
@@ -108,7 +91,7 @@ def test_the_quoted_form_the_hint_gives_is_accepted(tmp_path: Path) -> None:
 
 
 def test_one_bad_rollout_tp_is_one_error_naming_every_rule_and_the_good_values(isolated, monkeypatch, capsys) -> None:
-    code, text = run_cli(monkeypatch, capsys, "recipe=qwen2.5-3b-gsm8k-lora", "cluster=a100-ib", "parallel.rollout_tp=3")
+    code, text = run_plan(monkeypatch, capsys, "recipe=qwen2.5-3b-gsm8k-lora", "cluster=a100-ib", "parallel.rollout_tp=3")
     assert code == 1, text
     errors = [ln for ln in text.splitlines() if ln.strip().startswith("error:")]
     assert errors == [
@@ -118,7 +101,7 @@ def test_one_bad_rollout_tp_is_one_error_naming_every_rule_and_the_good_values(i
 
 
 def test_rollout_tp_on_verl_cpu_is_one_error(isolated, monkeypatch, capsys) -> None:
-    _, text = run_cli(monkeypatch, capsys, "recipe=tiny-verl", "cluster=local", "parallel.rollout_tp=3")
+    _, text = run_plan(monkeypatch, capsys, "recipe=tiny-verl", "cluster=local", "parallel.rollout_tp=3")
     assert findings(text, "parallel.rollout_tp") == [
         "error: parallel.rollout_tp: 3: vLLM's CPU build runs one engine per training process here (tensor parallel "
         "needs GPUs) Fix: use parallel.rollout_tp=1"]

@@ -7,15 +7,14 @@ holds the header to the truth, so a recipe change that breaks a pair cannot go u
 from __future__ import annotations
 
 import re
-import sys
 
 import pytest
 
-from hpc_grpo.cli import app as cli
-from hpc_grpo.config import registry
 from hpc_grpo.common.findings import Severity
-from hpc_grpo.planning.plan import run_plan
+from hpc_grpo.config import registry
 from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.planning.plan import run_plan
+from tests.cli_run import run_cli
 
 
 def plan_of(recipe: str, cluster: str, *overrides: str, schema: bool = False):
@@ -25,14 +24,6 @@ def plan_of(recipe: str, cluster: str, *overrides: str, schema: bool = False):
 
 def errors(plan) -> list:
     return [f for f in plan.findings if f.severity is Severity.ERROR]
-
-
-def run_cli(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
-    monkeypatch.setattr(sys, "argv", ["hpc-grpo", *argv])
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-    cap = capsys.readouterr()
-    return exc.value.code, cap.out + cap.err
 
 
 def test_codegen_on_a100_plans_and_prints_tables(isolated, monkeypatch, capsys) -> None:

@@ -16,19 +16,11 @@ import pytest
 from hpc_grpo.engines.verl import VerlEngine
 from hpc_grpo.engines.verl_import import UNUSABLE, import_script
 from hpc_grpo.engines.verl_keymap import resolve_with_verl_keys
-from hpc_grpo.engines.verl_schema import composed_leaves, verl_config_dir
+from hpc_grpo.engines.verl_schema import composed_leaves
 from hpc_grpo.engines.verl_script import parse_script
+from tests.conftest import require_verl_yamls
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "verl_scripts"
-
-
-def config_folder() -> Path:
-    folder = verl_config_dir()
-    if folder is None:
-        reason = "verl's config folder or hydra is not installed in this interpreter: nothing to compose with"
-        print(reason)
-        pytest.skip(reason)
-    return folder
 
 
 def _differs(a: dict, b: dict) -> set[str]:
@@ -51,7 +43,7 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.mark.parametrize("stem", ["fsdp_lora_gsm8k", "megatron_dense", "megatron_moe_ep", "fsdp_dynamic_bsz"])
 def test_plan_on_the_imported_recipe_composes_to_the_script_but_for_what_it_lists(
         stem: str, imported: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = config_folder()
+    folder = require_verl_yamls()
     result = imported["results"][stem]
     monkeypatch.setenv("HPC_GRPO_PATH", str(imported["root"]))
     spec, _ = resolve_with_verl_keys(result.name, "local", ["cluster.runs_root=/nonexistent/runs"], run_name="p")
@@ -80,7 +72,7 @@ def test_each_imported_recipe_plans_clean_and_renders_on_a_gpu_cluster(stem: str
     from hpc_grpo.planning.plan import run_plan
     from hpc_grpo.runstate import layout
 
-    config_folder()
+    require_verl_yamls()
     result = imported["results"][stem]
     monkeypatch.setenv("HPC_GRPO_PATH", str(imported["root"]))
     spec, _ = resolve_with_verl_keys(result.name, "h100-efa", ["cluster.runs_root=/nonexistent/runs"], run_name="p")
@@ -97,7 +89,7 @@ def test_each_imported_recipe_plans_clean_and_renders_on_a_gpu_cluster(stem: str
 
 
 def test_what_each_script_says_lands_in_recipe_keys(imported: dict) -> None:
-    config_folder()
+    require_verl_yamls()
     r = imported["results"]
     lora = r["fsdp_lora_gsm8k"]
     assert lora.recipe["lora.rank"] == 32 and lora.recipe["batch.train"] == 256
@@ -137,7 +129,7 @@ def test_the_script_reader_expands_quotes_and_says_what_it_could_not() -> None:
 
 
 def test_the_import_command_writes_the_recipe_and_refuses_to_overwrite(tmp_path: Path, monkeypatch, capsys) -> None:
-    config_folder()
+    require_verl_yamls()
     from hpc_grpo.cli import app as cli
 
     target = tmp_path / "recipes" / "mine.yaml"

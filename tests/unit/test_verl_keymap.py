@@ -20,6 +20,7 @@ from hpc_grpo.engines.verl_keymap import (
     resolve_with_verl_keys,
 )
 from hpc_grpo.engines.verl_keys import format_value
+from tests.conftest import require_verl_yamls
 
 ROOT = "cluster.runs_root=/nonexistent/runs"
 CASES = [("qwen2.5-3b-gsm8k-lora", "a100-ib"), ("qwen2.5-72b-megatron", "a100-ib"), ("tiny-verl", "local")]
@@ -125,13 +126,9 @@ def test_a_recipe_passthrough_block_is_translated_and_a_contradiction_in_the_fil
 
 
 def test_hydra_accepts_the_data_key_forms_it_suggests() -> None:
-    from hpc_grpo.engines.verl_schema import hydra_compose_check, verl_config_dir
+    from hpc_grpo.engines.verl_schema import hydra_compose_check
 
-    folder = verl_config_dir()
-    if folder is None:
-        reason = "verl's config folder or hydra is not installed in this interpreter"
-        print(reason)
-        pytest.skip(reason)
+    folder = require_verl_yamls()
     refused = hydra_compose_check("ppo_trainer", ["+data.return_raw_chat=True"], folder)
     assert refused and "drop the '+'" in refused[0].fix
     assert hydra_compose_check("ppo_trainer", ["data.return_raw_chat=True", "++data.prompt_key=q"], folder) == []
