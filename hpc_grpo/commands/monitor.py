@@ -15,6 +15,7 @@ from typing import Any
 
 from hpc_grpo.runstate import layout, runs
 from hpc_grpo.runstate import metrics as engine_metrics
+from hpc_grpo.config.engine_traits import traits_of
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.config.steps import total_steps
 
@@ -65,7 +66,8 @@ def newest_job(run_dir: Path) -> str | None:
 def read_rows(spec: RunSpec) -> tuple[list[dict[str, Any]], int | None, str]:
     """(rows, total steps the engine printed or None, where the rows came from): hpc_grpo.runstate.metrics reads
     metrics.jsonl, else (verl) every allocation's driver log, oldest first."""
-    logs = [log_path(spec, j) for j in runs.job_ids(spec.path)] if spec.recipe.engine == "verl" else []
+    on_console = traits_of(spec.recipe.engine).metrics_on_console
+    logs = [log_path(spec, j) for j in runs.job_ids(spec.path)] if on_console else []
     got = engine_metrics.run_metrics(spec.path, logs)
     return got.rows, got.total, got.source or str(layout.metrics_file(spec.path))
 

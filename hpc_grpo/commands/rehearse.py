@@ -31,6 +31,7 @@ from typing import Any
 
 from hpc_grpo.config.spec import RunSpec, default_run_name
 from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.engines import get_engine
 from hpc_grpo.runstate import layout
 
 TINY_MODEL = "~/.cache/hpc-grpo/tiny-qwen2"
@@ -114,9 +115,10 @@ def _leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def refuse_unrehearsable(spec: RunSpec) -> None:
     """Recipes a CPU rehearsal cannot run at all: an input error (exit 2) that says why and what to do instead."""
     r = spec.recipe
-    if r.engine != "verl":
-        raise SpecError(f"engine={r.engine!r}: rehearse shrinks verl recipes onto verl's CPU mode; a trl recipe runs on "
-                        f"CPU as it is: hpc-grpo submit recipe={r.name} cluster=local model.path={TINY_MODEL} "
+    if not get_engine(r.engine).traits.cpu_mode:
+        raise SpecError(f"engine={r.engine!r}: rehearse shrinks a recipe onto its engine's CPU mode (verl's), and "
+                        f"{r.engine} has none; a {r.engine} recipe runs on CPU as it is: "
+                        f"hpc-grpo submit recipe={r.name} cluster=local model.path={TINY_MODEL} "
                         "batch.train=4 train.total_training_steps=2", key="engine")
     if r.backend == "megatron":
         raise SpecError(

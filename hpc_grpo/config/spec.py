@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from hpc_grpo.common.slurm_time import parse_time_minutes
 from hpc_grpo.config.cluster import Cluster
+from hpc_grpo.config.engine_traits import traits_of
 from hpc_grpo.config.fields import KEEP_BEST_RE, NAME_RE, Strict, expand_path, parse_size, slurm_word
 from hpc_grpo.config.secrets import secret_error, secret_in
 
@@ -436,8 +437,9 @@ class RunSpec(Strict):
 
     @property
     def verl_cpu(self) -> bool:
-        """verl's real trainer on CPU (hpc_grpo.engines.verl_cpu): a verl recipe given no GPU."""
-        return self.recipe.engine == "verl" and self.gpus_per_node == 0
+        """The engine's own CPU mode (verl's real trainer on CPU, hpc_grpo.engines.verl_cpu): a recipe of an engine
+        with one (config/engine_traits cpu_mode), given no GPU."""
+        return traits_of(self.recipe.engine).cpu_mode and self.gpus_per_node == 0
 
     @property
     def procs_per_node(self) -> int:

@@ -5,10 +5,13 @@ looks them up (hpc_grpo.engines.get_engine): that was an import cycle."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from hpc_grpo.common.findings import Finding
+from hpc_grpo.config.engine_traits import EngineTraits
 from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.runstate.checkpoints import Checkpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +50,30 @@ class JobImports:
 
 
 class Engine(Protocol):
+    """Everything engine-specific that code outside engines/ asks: its facts (`traits`, plain data in
+    config/engine_traits so layers below engines/ can read them by name) and what it derives from a spec or a
+    checkpoint. Callers ask `get_engine(spec.recipe.engine)`, never compare engine names."""
+
     name: str
     launch_template: str
+    traits: EngineTraits
 
     def command(self, spec: RunSpec) -> EngineCommand: ...
 
     def check(self, spec: RunSpec) -> list[Finding]: ...
 
     def job_imports(self, spec: RunSpec) -> JobImports: ...
+
+    def resume_overrides(self, step_folder: Path | None) -> list[str]:
+        """The driver's extra arguments that resume from step_folder (None: start fresh); [] when the engine finds
+        its checkpoint itself."""
+        ...
+
+    def checkpoint_world_size(self, ckpt: Checkpoint) -> int | None:
+        """The world size a checkpoint must be loaded at (it does not reshard), or None when any size loads it."""
+        ...
+
+    def lora_targets_unchecked(self, spec: RunSpec) -> str:
+        """Why the LoRA target names cannot be checked against the model's Hugging Face weights ("" when they can):
+        the names the engine matches them against."""
+        ...

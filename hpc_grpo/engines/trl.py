@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hpc_grpo.runstate import layout, runs
 from hpc_grpo.engines.base import EngineCommand, JobImports, Override
 from hpc_grpo.common.findings import Finding, error, info, warning
+from hpc_grpo.config.engine_traits import TRL
 from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.runstate.checkpoints import Checkpoint
 
 ENTRY = ["-m", "hpc_grpo.job.trl_job"]  # after the job's interpreter (spec.python)
 
@@ -198,8 +201,20 @@ def lora_config_kwargs(spec: RunSpec) -> dict[str, Any] | None:
 
 
 class TrlEngine:
-    name = "trl"
+    name = TRL.name
     launch_template = "trl_launch.sh.j2"
+    traits = TRL
+
+    def resume_overrides(self, step_folder: Path | None) -> list[str]:
+        """None: the job passes the checkpoint to trainer.train(resume_from_checkpoint=...) itself."""
+        return []
+
+    def checkpoint_world_size(self, ckpt: Checkpoint) -> int | None:
+        """trl saves whole weights: any world size loads them."""
+        return None
+
+    def lora_targets_unchecked(self, spec: RunSpec) -> str:
+        return ""
 
     def command(self, spec: RunSpec) -> EngineCommand:
         return EngineCommand(

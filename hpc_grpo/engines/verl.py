@@ -13,6 +13,7 @@ from hpc_grpo.engines import verl_cpu, vllm_cpu
 from hpc_grpo.engines.base import EngineCommand, JobImports, Override
 from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_fix, real_key_for
 from hpc_grpo.common.findings import Finding, error, warning
+from hpc_grpo.config.engine_traits import VERL
 from hpc_grpo.config.spec import RunSpec
 
 ENTRY = ["-m", "verl.trainer.main_ppo"]  # after the job's interpreter (spec.python)
@@ -361,8 +362,22 @@ def check_kl(spec: RunSpec) -> list[Finding]:
 
 
 class VerlEngine:
-    name = "verl"
+    name = VERL.name
     launch_template = "verl_ray_launch.sh.j2"
+    traits = VERL
+
+    def resume_overrides(self, step_folder: Path | None) -> list[str]:
+        return resume_overrides(step_folder)
+
+    def checkpoint_world_size(self, ckpt: checkpoints.Checkpoint) -> int | None:
+        """FSDP shards load only at the world size they were saved at; Megatron's dist checkpoints reshard."""
+        return checkpoints.fsdp_world_size(ckpt)
+
+    def lora_targets_unchecked(self, spec: RunSpec) -> str:
+        if spec.recipe.backend != "megatron":
+            return ""
+        return ("verl's Megatron LoRA names Megatron's modules (linear_qkv, linear_proj, linear_fc1, linear_fc2), "
+                "not the Hugging Face weights'")
 
     def command(self, spec: RunSpec) -> EngineCommand:
         overrides = [f"{o.key}={format_value(o.value)}" for o in modelled_overrides(spec)]

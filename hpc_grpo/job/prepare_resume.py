@@ -34,6 +34,7 @@ from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout, runs
 from hpc_grpo.common.atomic import write_text_atomic
 from hpc_grpo.cluster.job_env import job_identity, restart_count
+from hpc_grpo.engines import get_engine
 
 if TYPE_CHECKING:
     from hpc_grpo.config.spec import RunSpec
@@ -95,14 +96,11 @@ def prepare(run_dir: Path, engine: str, spec: RunSpec | None = None) -> Prepared
             else:
                 left.append((str(c.path), c.reason))
         tracker_before = None
-        overrides: list[str] = []
-        if engine == "verl":
-            from hpc_grpo.engines.verl import resume_overrides
-
-            overrides = resume_overrides(best.path if best else None)
-            if best is not None and ck.tracker_step(run_dir) != best.step:
-                tracker_before = _read_tracker(run_dir)
-                _write_tracker(run_dir, best.step)
+        trainer = get_engine(engine)
+        overrides = trainer.resume_overrides(best.path if best else None)
+        if trainer.traits.step_tracker and best is not None and ck.tracker_step(run_dir) != best.step:
+            tracker_before = _read_tracker(run_dir)
+            _write_tracker(run_dir, best.step)
     return Prepared(engine, best, moved, left, overrides, tracker_before)
 
 

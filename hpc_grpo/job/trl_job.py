@@ -29,11 +29,13 @@ from hpc_grpo.runstate import layout, runs
 from hpc_grpo.common.atomic import write_json_atomic, write_text_atomic as write_atomic
 from hpc_grpo.runstate.checkpoints import Checkpoint
 from hpc_grpo.runstate.metrics import parse_record
-from hpc_grpo.engines.trl import grpo_config_kwargs, lora_config_kwargs
+from hpc_grpo.engines.trl import TrlEngine, grpo_config_kwargs, lora_config_kwargs
 from hpc_grpo.job import disk, prepare_resume, save_signal
 from hpc_grpo.runstate.prune import job_prune
 from hpc_grpo.runstate import save_request
 from hpc_grpo.config.spec import RunSpec
+
+ENGINE = TrlEngine.name  # this job trains trl runs only; its checkpoints, disk reserve and resume are trl's
 
 # trl log key -> metrics.jsonl key
 METRIC_KEYS = {
@@ -269,32 +271,10 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
     run_dir = Path(spec.run_dir)
     if spec_path.resolve().parent != run_dir.resolve():
         log(f"warning: {spec_path} is not inside the spec's run_dir {run_dir}; using run_dir")
-    ckpt_dir = layout.checkpoints_dir(spec.path)
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-
-    # Where to start is decided from disk first, before any heavy import: a requeue of a finished
-    # run ends here in a second. One path for both engines (hpc_grpo.job.prepare_resume): newer
-    # incomplete checkpoints are quarantined, the decision goes into history.jsonl.
-    prepared = prepare_resume.prepare_and_record(run_dir, "trl")
-    for old, new, why in prepared.quarantined:
-        log(f"moved incomplete {Path(old).name} ({why}) to {new}")
-    resume: Checkpoint | None = prepared.checkpoint
-    job_prune(run_dir, "job start", log, grace_s=0)  # after resume preparation: retention holds across requeues
-    resume_step = resume.step if resume else 0
-    if resume:
-        log(f"resuming from {resume.path} (step {resume.step})")
-    else:
-        log("no complete checkpoint: starting from step 0")
-    target = target_steps(int(grpo_config_kwargs(spec)["max_steps"]), resume)
-    if resume and target is not None and resume.step >= target:
-        # transformers would train one extra step when resumed at the end (it checks max_steps only
-        # after a step), so a requeue of a finished run must not call train() at all.
-        log(f"already trained: {resume.path.name} is step {resume.step} of {target}")
-        return finish(spec, resume.step, target, resume, resume, t0, 0.0)
-    dropped = trim_metrics(layout.metrics_file(run_dir), resume_step)
-    if dropped:
-        log(f"dropped {dropped} metric line(s) after step {resume_step} from {layout.METRICS_FILE} "
-            "(they are trained again)")
+    layout.checkpoints_dir(spec.path).mkdir(parents=True, exist_ok=True)
+    resume, done = start_point(spec, run_dir, t0)
+    if done is not None:
+        return done
 
     if spec.recipe.grpo.reward == "code_exec":  # before any heavy import: a refusal costs a second
         from hpc_grpo.cluster import isolation
@@ -306,22 +286,8 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
 
     os.environ.update(wandb_env(spec))  # before the trainer (and so W&B) starts
 
-    import warnings
-
-    # transformers 5 renamed gradient -> activation checkpointing and trl still calls the old
-    # names internally: nothing a user can act on.
-    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*activation_checkpointing", category=FutureWarning)
-
-    import torch
-
-    use_cpu = not torch.cuda.is_available()
-    if spec.recipe.rollout.name == "vllm" and use_cpu:
-        raise JobError("rollout.name=vllm needs a GPU and none is visible: use rollout.name=hf")
-    model_path = prepare_model(spec)
-
-    from peft import LoraConfig
-    from transformers import AutoTokenizer, PrinterCallback
-    from trl import GRPOTrainer
+    use_cpu, model_path = device_and_model(spec)
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=spec.recipe.model.trust_remote_code)
     dataset = filter_prompts(load_train_dataset(spec), tokenizer, spec, model_path)
@@ -334,11 +300,75 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
             raise JobError(f"grpo.reward=code_exec but {spec.recipe.data.train_files} holds no code tests ({exc}): "
                            "prepare it with `hpc-grpo data codegen`") from None
 
+    trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal)
+    result = run_trainer(trainer, spec, resume)
+    step = trainer.state.global_step
+    if on_signal is not None and on_signal.requested and step < trainer.state.max_steps:
+        return stopped_on_signal(run_dir, step, on_signal)
+    runtime = float(result.metrics.get("train_runtime", 0.0))
+    final = ck.newest_complete(ck.list_checkpoints(run_dir, ENGINE))
+    return finish(spec, step, trainer.state.max_steps, final, resume, t0, runtime)
+
+
+def start_point(spec: RunSpec, run_dir: Path, t0: float) -> tuple[Checkpoint | None, dict[str, Any] | None]:
+    """(the checkpoint to resume from, the finished result when there is nothing left to train), decided from
+    disk before any heavy import, so a requeue of a finished run ends in a second. One path for both engines
+    (hpc_grpo.job.prepare_resume): newer incomplete checkpoints are quarantined, the decision goes into
+    history.jsonl; retention runs after it so it holds across requeues; metric lines of steps trained again go."""
+    prepared = prepare_resume.prepare_and_record(run_dir, ENGINE)
+    for old, new, why in prepared.quarantined:
+        log(f"moved incomplete {Path(old).name} ({why}) to {new}")
+    resume: Checkpoint | None = prepared.checkpoint
+    job_prune(run_dir, "job start", log, grace_s=0)
+    resume_step = resume.step if resume else 0
+    if resume:
+        log(f"resuming from {resume.path} (step {resume.step})")
+    else:
+        log("no complete checkpoint: starting from step 0")
+    target = target_steps(int(grpo_config_kwargs(spec)["max_steps"]), resume)
+    if resume and target is not None and resume.step >= target:
+        # transformers would train one extra step when resumed at the end (it checks max_steps only
+        # after a step), so a requeue of a finished run must not call train() at all.
+        log(f"already trained: {resume.path.name} is step {resume.step} of {target}")
+        return resume, finish(spec, resume.step, target, resume, resume, t0, 0.0)
+    dropped = trim_metrics(layout.metrics_file(run_dir), resume_step)
+    if dropped:
+        log(f"dropped {dropped} metric line(s) after step {resume_step} from {layout.METRICS_FILE} "
+            "(they are trained again)")
+    return resume, None
+
+
+def device_and_model(spec: RunSpec) -> tuple[bool, str]:
+    """(train on CPU, the model's local path): the first heavy import (torch) decides the device, and a rollout
+    that needs a GPU is refused before the model is fetched."""
+    import warnings
+
+    # transformers 5 renamed gradient -> activation checkpointing and trl still calls the old
+    # names internally: nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*activation_checkpointing", category=FutureWarning)
+
+    import torch
+
+    use_cpu = not torch.cuda.is_available()
+    if spec.recipe.rollout.name == "vllm" and use_cpu:
+        raise JobError("rollout.name=vllm needs a GPU and none is visible: use rollout.name=hf")
+    return use_cpu, prepare_model(spec)
+
+
+def build_trainer(spec: RunSpec, model_path: str, dataset: Any, use_cpu: bool,
+                  on_signal: save_signal.SaveOnSignal | None) -> Any:
+    """trl's GRPOTrainer for the spec, with our callbacks: one metrics line per step, saves under the checkpoint
+    lock, retention after each save, and (with on_signal) a save at the step end after a USR2."""
+    from peft import LoraConfig
+    from transformers import PrinterCallback
+    from trl import GRPOTrainer
+
+    run_dir = Path(spec.run_dir)
     config = build_grpo_config(grpo_config_kwargs(spec, use_cpu=use_cpu))
     lora_kwargs = lora_config_kwargs(spec)
     peft_config = LoraConfig(**lora_kwargs) if lora_kwargs else None
     log(f"run {spec.run_name}: device {'cpu' if use_cpu else 'cuda'}, {len(dataset)} prompts, "
-        f"max_steps {config.max_steps}, checkpoints in {ckpt_dir}")
+        f"max_steps {config.max_steps}, checkpoints in {layout.checkpoints_dir(spec.path)}")
 
     trainer = GRPOTrainer(
         model=model_path,
@@ -353,30 +383,35 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
     trainer.add_callback(prune_callback(run_dir))
     if on_signal is not None:
         trainer.add_callback(save_signal.callback(on_signal))
+    return trainer
+
+
+def run_trainer(trainer: Any, spec: RunSpec, resume: Checkpoint | None) -> Any:
+    """trainer.train from the resume checkpoint; a full disk becomes a JobError that says what to free, after the
+    reserve (hpc_grpo.job.disk) is released so the message reaches the log and the history."""
+    run_dir = Path(spec.run_dir)
     log("trainer ready: training")
     try:
-        result = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
+        return trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
     except Exception as exc:
         if not disk.is_disk_full(run_dir, exc):
             raise
-        message = disk.explain(run_dir, spec.run_name, "trl")
-        disk.report(run_dir, message)  # releases the reserve first: room for this message in the log and history
+        message = disk.explain(run_dir, spec.run_name, ENGINE)
+        disk.report(run_dir, message)
         raise JobError(message) from exc
 
-    step = trainer.state.global_step
-    if on_signal is not None and on_signal.requested and step < trainer.state.max_steps:
-        saved = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
-        if saved is None or saved.step != step:
-            raise JobError(f"stopped on the signal at step {step}, but its checkpoint is not complete on disk (newest "
-                           f"complete: {saved.path.name if saved else 'none'})")
-        marker = on_signal.write_marker(run_dir, step, str(saved.path))
-        log(f"saved {saved.path.name} on the signal {marker['saved_at'] - marker['signal_at']:.1f} s after it "
-            "came: stopping for the requeue")
-        return {"stopped_on_signal": True, "final_step": step, "last_checkpoint": str(saved.path)}
 
-    runtime = float(result.metrics.get("train_runtime", 0.0))
-    final = ck.newest_complete(ck.list_checkpoints(run_dir, "trl"))
-    return finish(spec, trainer.state.global_step, trainer.state.max_steps, final, resume, t0, runtime)
+def stopped_on_signal(run_dir: Path, step: int, on_signal: save_signal.SaveOnSignal) -> dict[str, Any]:
+    """The result of a training stopped by a USR2: its checkpoint must be complete on disk, and the marker
+    tells the submitit handler (launch/submit) that the save is done and the job can be requeued."""
+    saved = ck.newest_complete(ck.list_checkpoints(run_dir, ENGINE))
+    if saved is None or saved.step != step:
+        raise JobError(f"stopped on the signal at step {step}, but its checkpoint is not complete on disk (newest "
+                       f"complete: {saved.path.name if saved else 'none'})")
+    marker = on_signal.write_marker(run_dir, step, str(saved.path))
+    log(f"saved {saved.path.name} on the signal {marker['saved_at'] - marker['signal_at']:.1f} s after it "
+        "came: stopping for the requeue")
+    return {"stopped_on_signal": True, "final_step": step, "last_checkpoint": str(saved.path)}
 
 
 def lock_saves(trainer: Any, run_dir: Path) -> None:
@@ -443,8 +478,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         spec = load_frozen(args.spec)
-        if spec.recipe.engine != "trl":
-            raise JobError(f"{args.spec} is a {spec.recipe.engine} run, not trl")
+        if spec.recipe.engine != ENGINE:
+            raise JobError(f"{args.spec} is a {spec.recipe.engine} run; this job trains {ENGINE} runs only")
         result = train(spec, args.spec, on_signal)
         # Python's shutdown puts the default action (death) back on signals it handled: a USR2 that came now
         # would kill a finished process. Ignored stays ignored.

@@ -30,6 +30,7 @@ from hpc_grpo.launch import chain, render
 from hpc_grpo.runstate import layout, restart, runs, save_request
 from hpc_grpo.config.resolve import load_frozen
 from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.engines import get_engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +149,7 @@ class TrainJob:
                                      "`hpc-grpo resume` restarts from the newest checkpoint")
             return None
         t0 = time.monotonic()
-        saved = self._wait_for_save(spec) if spec.recipe.engine == "trl" else None
+        saved = self._wait_for_save(spec) if get_engine(spec.recipe.engine).traits.saves_on_signal else None
         if saved is None and self._finished():
             raise _TrainingFinished()  # it trained to the end meanwhile: nothing to requeue
         try:

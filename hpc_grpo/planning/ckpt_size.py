@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpc_grpo.config.engine_traits import traits_of
+
 __all__ = ["CheckpointSize", "checkpoint_size"]
 
 GIB = float(1024**3)
@@ -57,7 +59,7 @@ def checkpoint_size(engine: str, backend: str, params: float, lora_params: float
     if params <= 0:
         raise ValueError(f"params must be positive, got {params}")
     trained = lora_params if lora_params > 0 else params
-    if engine == "trl":
+    if traits_of(engine).checkpoint_format == "hf-trainer":
         weights = 4 * (lora_params if lora_params > 0 else params)
         return CheckpointSize(weights, 8 * trained, "trl: fp32 adapter/model + Adam moments")
     if backend == "megatron":

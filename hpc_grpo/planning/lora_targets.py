@@ -23,6 +23,7 @@ from pathlib import Path
 
 from hpc_grpo.common.findings import Finding, error, info, warning
 from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.engines import get_engine
 
 ALL_LINEAR = "all-linear"  # peft's special value: every linear layer but the output head
 KEY = "lora.target_modules"
@@ -84,9 +85,9 @@ def check_lora_targets(spec: RunSpec) -> list[Finding]:
     lora = spec.recipe.lora
     if not lora.rank or lora.target_modules == ALL_LINEAR:
         return []
-    if spec.recipe.engine == "verl" and spec.recipe.backend == "megatron":
-        return [info(KEY, "not checked against the model: verl's Megatron LoRA names Megatron's modules (linear_qkv, "
-                     "linear_proj, linear_fc1, linear_fc2), not the Hugging Face weights'")]
+    unchecked = get_engine(spec.recipe.engine).lora_targets_unchecked(spec)
+    if unchecked:
+        return [info(KEY, f"not checked against the model: {unchecked}")]
     folder = model_folder(spec)
     if folder is None:
         return [info(KEY, f"not checked against the model: {spec.recipe.model.path} is not a folder here and not in "

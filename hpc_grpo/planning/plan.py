@@ -234,13 +234,13 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False, accep
     engine = get_engine(spec.recipe.engine)
     engine_findings = engine.check(spec)
     plan.findings.extend(engine_findings)
-    if spec.recipe.engine == "verl" and schema:
+    if not engine.traits.hydra_config:
+        plan.schema_checked = f"not applicable ({engine.traits.no_schema_note})"
+    elif schema:
         plan.schema_checked, found = schema_check(spec, engine_findings)
         plan.findings.extend(found)
-    elif spec.recipe.engine == "verl":
-        plan.schema_checked = "disabled (--no-schema)"
     else:
-        plan.schema_checked = "not applicable (trl: GRPOConfig is built and checked in the job)"
+        plan.schema_checked = "disabled (--no-schema)"
     names = check_accept(accept) if accept is not None else [a.check for a in spec.accepted]
     plan.spec, plan.findings = apply_acceptances(spec, plan.findings, names)
     if diff_defaults:
@@ -250,8 +250,9 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False, accep
 
 def defaults_diff(spec: RunSpec, plan: Plan) -> tuple[list | None, str]:
     """The run's verl keys that differ from verl's defaults, or why they cannot be listed."""
-    if spec.recipe.engine != "verl":
-        return None, "not applicable: trl has no verl config (its GRPOConfig is built in the job)"
+    traits = get_engine(spec.recipe.engine).traits
+    if not traits.hydra_config:
+        return None, f"not applicable: {traits.name} has no verl config ({traits.no_schema_note})"
     from hpc_grpo.engines.verl_schema import verl_config_dir, verl_version
 
     folder = verl_config_dir()

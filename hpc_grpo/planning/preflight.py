@@ -130,16 +130,17 @@ def read_columns(path: Path) -> tuple[list[str] | None, str]:
 
 
 def check_data(spec: RunSpec, make: Make) -> list[Finding]:
-    from hpc_grpo.engines import DATA_COLUMNS
+    from hpc_grpo.engines import get_engine
 
     out: list[Finding] = []
-    need = DATA_COLUMNS[spec.recipe.engine]
+    traits = get_engine(spec.recipe.engine).traits
+    need = traits.data_columns
     d = spec.recipe.data
     for key, path in [(k, Path(f)) for k, files in (("train_files", d.train_list), ("val_files", d.val_list))
                       for f in files]:
         if path.is_dir():
             out.append(make(f"data.{key}", f"{path} is a folder, not a data file",
-                            f"point data.{key} at the {'.parquet' if spec.recipe.engine == 'verl' else '.jsonl'} file "
+                            f"point data.{key} at the {traits.data_suffix} file "
                             "inside it"))
             continue
         if not path.is_file():
@@ -157,10 +158,9 @@ def check_data(spec: RunSpec, make: Make) -> list[Finding]:
             continue
         missing = [" or ".join(alts) for alts in need if not any(c in cols for c in alts)]
         if missing:
-            layout = "verl's parquet" if spec.recipe.engine == "verl" else "trl's jsonl"
             out.append(make(f"data.{key}", f"{path} has no column {', '.join(missing)} needed by the "
                             f"{spec.recipe.engine} engine ({how}: {', '.join(cols) or 'none'})",
-                            f"use the {layout} files `hpc-grpo data gsm8k` writes"))
+                            f"use the {traits.data_layout} files `hpc-grpo data gsm8k` writes"))
     return out
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from hpc_grpo.common.findings import Finding, error
 from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.config.engine_traits import TRAITS
+from hpc_grpo.engines import get_engine
 from hpc_grpo.engines.verl_checks import check_verl_cpu
 from hpc_grpo.config.layout import Layout
 
@@ -32,6 +34,8 @@ def check_resources(spec: RunSpec, lay: Layout) -> list[Finding]:
         out.append(error("resources.nodes", "cluster 'local' has no scheduler and runs one node",
                          "use resources.nodes=1 or a Slurm cluster"))
     out += check_verl_cpu(spec)
-    if r.engine == "trl" and r.resources.nodes > 1:
-        out.append(error("resources.nodes", "the trl engine runs on one node", "use resources.nodes=1 or engine verl"))
+    if r.resources.nodes > 1 and not get_engine(r.engine).traits.multi_node:
+        spread = " or ".join(f"engine {t.name}" for t in TRAITS.values() if t.multi_node)
+        out.append(error("resources.nodes", f"the {r.engine} engine runs on one node",
+                         f"use resources.nodes=1 or {spread}"))
     return out

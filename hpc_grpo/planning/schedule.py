@@ -24,6 +24,7 @@ from hpc_grpo.common.findings import Finding, info, warning
 from hpc_grpo.config.models import ModelShape
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.config.steps import dataset_rows
+from hpc_grpo.engines import get_engine
 
 __all__ = ["Schedule", "estimate_step_s", "make_schedule", "schedule_findings"]
 
@@ -109,7 +110,7 @@ def make_schedule(spec: RunSpec, shape: ModelShape | None) -> Schedule:
     if shape is not None:
         size = checkpoint_size(r.engine, r.backend, shape.params, lora_params_of(spec, shape))
     sched = Schedule(rows, source, per_epoch, total, r.checkpoint.save_freq, ckpts, size)
-    if r.engine == "verl" and shape is not None and spec.world_size:
+    if get_engine(r.engine).traits.step_time_model and shape is not None and spec.world_size:
         sched.step_s = estimate_step_s(spec, shape)
         budget = r.resources.time_min * 60 - STARTUP_S
         sched.steps_in_time_limit = max(0, math.floor(budget / sched.step_s))

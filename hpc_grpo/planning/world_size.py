@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.engines import get_engine
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate.layout import export_dir
 
@@ -54,9 +55,9 @@ def check_world_size(spec: RunSpec, ckpt: ck.Checkpoint | None, before: RunSpec 
     reshard: it looks for model_world_size_<new>_rank_R.pt and the job dies at load, after its wait in the queue).
     Megatron dist checkpoints reshard and trl saves whole weights: no refusal. `before`: the run's spec before
     this resume's overrides, whose shape the fix offers first. Used by `resume` and again in the job."""
-    if ckpt is None or spec.recipe.engine != "verl":
+    if ckpt is None:
         return
-    saved = ck.fsdp_world_size(ckpt)
+    saved = get_engine(spec.recipe.engine).checkpoint_world_size(ckpt)
     new = spec.world_size
     if saved is None or saved == new:
         return

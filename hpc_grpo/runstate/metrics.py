@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.config.engine_traits import traits_of
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout
 
@@ -180,7 +181,7 @@ def logged_metrics(run_dir: Path, engine: str) -> dict[int, dict[str, float]]:
 
     for step, raw in read_raw(layout.metrics_file(run_dir)).items():
         put(step, raw)
-    if engine == "trl":
+    if traits_of(engine).metrics_in_checkpoints:
         for _, path in reversed(ck.candidates(run_dir, engine)):
             state = ck.trainer_state(path)
             if state is None or "log_history" not in state:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.config.engine_traits import traits_of
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout
 from hpc_grpo.runstate.leases import active_leases
@@ -181,7 +182,7 @@ def prune_run(run_dir: Path, engine: str, policy: Policy, *, dry_run: bool = Fal
         logged = logged_metrics(run_dir, engine) if policy.keep_best else {}
         steps = [s for s, _ in ck.candidates(run_dir, engine)]
         metrics = metric_per_checkpoint(logged, steps, policy.keep_best) if policy.keep_best else {}
-        tracker = ck.tracker_step(run_dir) if engine == "verl" else None
+        tracker = ck.tracker_step(run_dir) if traits_of(engine).step_tracker else None
         prot = Protections(now=now, tracker_step=tracker, leased=active_leases(run_dir, now), metrics=metrics)
         items = scan(run_dir, engine, policy, prot)
         verdicts = decide(items, policy, prot)
