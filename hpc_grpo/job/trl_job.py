@@ -262,59 +262,15 @@ def metrics_callback(path: Path, max_steps: int) -> Any:
 
 
 # --------------------------------------------------------------------------------------------- main
-def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | None = None) -> dict[str, Any]:
-    """Build everything from the spec, resume from the newest complete checkpoint, train, report.
-
-    With `on_signal` (installed by main), a USR2 makes the trainer save at the next step end and stop; the
-    result then has "stopped_on_signal" and no train_done.json is written (the run is not done)."""
-    t0 = time.time()
-    run_dir = Path(spec.run_dir)
-    if spec_path.resolve().parent != run_dir.resolve():
-        log(f"warning: {spec_path} is not inside the spec's run_dir {run_dir}; using run_dir")
-    layout.checkpoints_dir(spec.path).mkdir(parents=True, exist_ok=True)
-    resume, done = start_point(spec, run_dir, t0)
-    if done is not None:
-        return done
-
-    if spec.recipe.grpo.reward == "code_exec":  # before any heavy import: a refusal costs a second
-        from hpc_grpo.cluster import isolation
-
-        try:
-            log(isolation.job_line(spec.recipe.grpo.code.isolation))
-        except isolation.IsolationRefused as exc:
-            raise JobError(str(exc)) from None
-
-    os.environ.update(wandb_env(spec))  # before the trainer (and so W&B) starts
-
-    use_cpu, model_path = device_and_model(spec)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=spec.recipe.model.trust_remote_code)
-    dataset = filter_prompts(load_train_dataset(spec), tokenizer, spec, model_path)
-    if spec.recipe.grpo.reward == "code_exec":
-        from hpc_grpo.rewards.code import parse_ground_truth
-
-        try:
-            parse_ground_truth(dataset[0]["ground_truth"])
-        except (ValueError, TypeError) as exc:
-            raise JobError(f"grpo.reward=code_exec but {spec.recipe.data.train_files} holds no code tests ({exc}): "
-                           "prepare it with `hpc-grpo data codegen`") from None
-
-    trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal)
-    result = run_trainer(trainer, spec, resume)
-    step = trainer.state.global_step
-    if on_signal is not None and on_signal.requested and step < trainer.state.max_steps:
-        return stopped_on_signal(run_dir, step, on_signal)
-    runtime = float(result.metrics.get("train_runtime", 0.0))
-    final = ck.newest_complete(ck.list_checkpoints(run_dir, ENGINE))
-    return finish(spec, step, trainer.state.max_steps, final, resume, t0, runtime)
-
-
-def start_point(spec: RunSpec, run_dir: Path, t0: float) -> tuple[Checkpoint | None, dict[str, Any] | None]:
+def start_point(spec: RunSpec, spec_path: Path, t0: float) -> tuple[Checkpoint | None, dict[str, Any] | None]:
     """(the checkpoint to resume from, the finished result when there is nothing left to train), decided from
     disk before any heavy import, so a requeue of a finished run ends in a second. One path for both engines
     (hpc_grpo.job.prepare_resume): newer incomplete checkpoints are quarantined, the decision goes into
     history.jsonl; retention runs after it so it holds across requeues; metric lines of steps trained again go."""
+    run_dir = Path(spec.run_dir)
+    if spec_path.resolve().parent != run_dir.resolve():
+        log(f"warning: {spec_path} is not inside the spec's run_dir {run_dir}; using run_dir")
+    layout.checkpoints_dir(spec.path).mkdir(parents=True, exist_ok=True)
     prepared = prepare_resume.prepare_and_record(run_dir, ENGINE)
     for old, new, why in prepared.quarantined:
         log(f"moved incomplete {Path(old).name} ({why}) to {new}")
@@ -338,9 +294,26 @@ def start_point(spec: RunSpec, run_dir: Path, t0: float) -> tuple[Checkpoint | N
     return resume, None
 
 
-def device_and_model(spec: RunSpec) -> tuple[bool, str]:
-    """(train on CPU, the model's local path): the first heavy import (torch) decides the device, and a rollout
-    that needs a GPU is refused before the model is fetched."""
+def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | None = None) -> dict[str, Any]:
+    """Build everything from the spec, resume from the newest complete checkpoint, train, report.
+
+    With `on_signal` (installed by main), a USR2 makes the trainer save at the next step end and stop; the
+    result then has "stopped_on_signal" and no train_done.json is written (the run is not done)."""
+    t0 = time.time()
+    resume, done = start_point(spec, spec_path, t0)
+    if done is not None:
+        return done
+
+    if spec.recipe.grpo.reward == "code_exec":  # before any heavy import: a refusal costs a second
+        from hpc_grpo.cluster import isolation
+
+        try:
+            log(isolation.job_line(spec.recipe.grpo.code.isolation))
+        except isolation.IsolationRefused as exc:
+            raise JobError(str(exc)) from None
+
+    os.environ.update(wandb_env(spec))  # before the trainer (and so W&B) starts
+
     import warnings
 
     # transformers 5 renamed gradient -> activation checkpointing and trl still calls the old
@@ -352,7 +325,24 @@ def device_and_model(spec: RunSpec) -> tuple[bool, str]:
     use_cpu = not torch.cuda.is_available()
     if spec.recipe.rollout.name == "vllm" and use_cpu:
         raise JobError("rollout.name=vllm needs a GPU and none is visible: use rollout.name=hf")
-    return use_cpu, prepare_model(spec)
+    model_path = prepare_model(spec)
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=spec.recipe.model.trust_remote_code)
+    dataset = filter_prompts(load_train_dataset(spec), tokenizer, spec, model_path)
+    if spec.recipe.grpo.reward == "code_exec":
+        from hpc_grpo.rewards.code import parse_ground_truth
+
+        try:
+            parse_ground_truth(dataset[0]["ground_truth"])
+        except (ValueError, TypeError) as exc:
+            raise JobError(f"grpo.reward=code_exec but {spec.recipe.data.train_files} holds no code tests ({exc}): "
+                           "prepare it with `hpc-grpo data codegen`") from None
+
+    trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal)
+    result = run_trainer(trainer, spec, resume)
+    return trained(spec, trainer, result, resume, t0, on_signal)
 
 
 def build_trainer(spec: RunSpec, model_path: str, dataset: Any, use_cpu: bool,
@@ -399,6 +389,18 @@ def run_trainer(trainer: Any, spec: RunSpec, resume: Checkpoint | None) -> Any:
         message = disk.explain(run_dir, spec.run_name, ENGINE)
         disk.report(run_dir, message)
         raise JobError(message) from exc
+
+
+def trained(spec: RunSpec, trainer: Any, result: Any, resume: Checkpoint | None, t0: float,
+            on_signal: save_signal.SaveOnSignal | None) -> dict[str, Any]:
+    """The result of a train() that returned: stopped by a USR2 before the last step, or done (train_done.json)."""
+    run_dir = Path(spec.run_dir)
+    step = trainer.state.global_step
+    if on_signal is not None and on_signal.requested and step < trainer.state.max_steps:
+        return stopped_on_signal(run_dir, step, on_signal)
+    runtime = float(result.metrics.get("train_runtime", 0.0))
+    final = ck.newest_complete(ck.list_checkpoints(run_dir, ENGINE))
+    return finish(spec, step, trainer.state.max_steps, final, resume, t0, runtime)
 
 
 def stopped_on_signal(run_dir: Path, step: int, on_signal: save_signal.SaveOnSignal) -> dict[str, Any]:
