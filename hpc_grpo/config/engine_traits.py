@@ -1,5 +1,5 @@
 """What each engine is, as plain data: the facts layers below engines/ need (config's CPU mode, runstate's
-checkpoint folders, trackers and metric files) and the simple yes/no rules planning, launch, the job and the
+checkpoint formats, trackers and metric files) and the simple yes/no rules planning, launch, the job and the
 commands ask. engines/ sits above config and runstate in the import rule, so these facts cannot live there;
 each Engine object carries its row (`get_engine(name).traits`), and config/runstate look the row up by name here.
 What an engine does with a spec (its command, its checks, its resume overrides) stays in engines/."""
@@ -21,9 +21,8 @@ class EngineTraits:
     # Given no GPU, the engine runs its own CPU mode with resources.cpu_workers_per_node workers (verl_cpu);
     # without one, a CPU run is the engine as it is (trl's use_cpu).
     cpu_mode: bool
-    # How a checkpoint folder is named ("N" is the step), and which completeness rules judge it:
+    # Which completeness rules of runstate/checkpoints judge its checkpoints (the folder names are spelled there):
     # "verl" (FSDP or Megatron actor folders) or "hf-trainer" (transformers' Trainer: trainer_state.json last).
-    checkpoint_folder: str
     checkpoint_format: str
     # A tracker file beside the checkpoints that names the step to resume from (verl's), kept in step by resume
     # preparation and protected by prune.
@@ -49,7 +48,7 @@ class EngineTraits:
 
 VERL = EngineTraits(
     name="verl", multi_node=True, cpu_mode=True,
-    checkpoint_folder="global_step_N", checkpoint_format="verl",
+    checkpoint_format="verl",
     step_tracker=True, metrics_in_checkpoints=False, metrics_on_console=True, saves_on_signal=False,
     # RLHFDataset's prompt_key plus what its reward manager reads (data_source picks the scorer,
     # reward_model.ground_truth is the answer).
@@ -58,7 +57,7 @@ VERL = EngineTraits(
 )
 TRL = EngineTraits(
     name="trl", multi_node=False, cpu_mode=False,
-    checkpoint_folder="checkpoint-N", checkpoint_format="hf-trainer",
+    checkpoint_format="hf-trainer",
     step_tracker=False, metrics_in_checkpoints=True, metrics_on_console=False, saves_on_signal=True,
     # The job's loader (job/trl_job.py) takes `ground_truth`, or derives it from verl's `reward_model`.
     data_columns=(("prompt",), ("ground_truth", "reward_model")), data_layout="trl's jsonl", data_suffix=".jsonl",

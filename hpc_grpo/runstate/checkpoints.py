@@ -32,15 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo.config.engine_traits import ENGINE_NAMES, TRAITS, traits_of
+from hpc_grpo.config.engine_traits import ENGINE_NAMES, traits_of
 from hpc_grpo.runstate.layout import checkpoints_dir, quarantine_dir  # the run directory's names
 
 TRACKER = "latest_checkpointed_iteration.txt"  # verl's tracker, in RUN/checkpoints/
 ENGINES = ENGINE_NAMES
 
-# Each engine's folder form (global_step_N, checkpoint-N: how messages name them) and the pattern that reads N.
-FOLDER_FORM = {name: t.checkpoint_folder for name, t in TRAITS.items()}
-FOLDER_RE = {name: re.compile("^" + re.escape(form.removesuffix("N")) + r"(\d+)$") for name, form in FOLDER_FORM.items()}
+FOLDER_RE = {"verl": re.compile(r"^global_step_(\d+)$"), "trl": re.compile(r"^checkpoint-(\d+)$")}
+FOLDER_FORM = {"verl": "global_step_N", "trl": "checkpoint-N"}  # how messages name them
 TRAINER_STATE = "trainer_state.json"  # trl: written after the rest of a checkpoint
 ADAPTER_CONFIG = "adapter_config.json"  # peft: a folder whose weights are a LoRA adapter
 FSDP_KINDS = ("model", "optim", "extra_state")

@@ -78,7 +78,7 @@ def test_each_engine_has_a_complete_traits_row(name: str) -> None:
         origin = typing.get_origin(hints[f.name]) or hints[f.name]
         assert isinstance(value, origin), f"{name}.{f.name} = {value!r} is not a {hints[f.name]}"
     assert traits.name == name
-    assert traits.checkpoint_folder.endswith("N") and traits.checkpoint_format in ("verl", "hf-trainer")
+    assert traits.checkpoint_format in ("verl", "hf-trainer")
     assert traits.data_columns and all(alts and all(isinstance(c, str) for c in alts) for alts in traits.data_columns)
     assert traits.data_suffix.startswith(".")
     assert traits.hydra_config or traits.no_schema_note, "an engine without a Hydra config says why plan checks none"
@@ -87,7 +87,7 @@ def test_each_engine_has_a_complete_traits_row(name: str) -> None:
 def test_one_list_of_engines() -> None:
     """The recipe's `engine` values, the traits table and the engine lookup name the same engines."""
     recipe_engines = typing.get_args(typing.get_type_hints(Recipe)["engine"])
-    assert set(recipe_engines) == set(ENGINE_NAMES) == set(engines.FACTORIES) == set(ck.ENGINES)
+    assert set(recipe_engines) == set(ENGINE_NAMES) == set(engines.FACTORIES) == set(ck.ENGINES) == set(ck.FOLDER_RE)
 
 
 def test_unknown_engine_is_named_with_the_known_ones() -> None:
@@ -96,10 +96,12 @@ def test_unknown_engine_is_named_with_the_known_ones() -> None:
             lookup("openrlhf")
 
 
-def test_checkpoint_folders_follow_the_traits() -> None:
-    assert ck.folder_step("verl", "global_step_12") == 12 and ck.folder_step("trl", "checkpoint-3") == 3
-    assert ck.folder_step("verl", "checkpoint-3") is None and ck.folder_step("trl", "global_step_x") is None
-    assert ck.FOLDER_FORM == {"verl": VERL.checkpoint_folder, "trl": TRL.checkpoint_folder}
+def test_checkpoint_format_picks_the_completeness_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """runstate sits below engines/: it judges a folder by the format in the traits table, not by the engine's name."""
+    folder = trees.trl_checkpoint(tmp_path, 2)
+    assert ck.judge(folder, "trl").layout == "trl" and ck.judge(folder, "trl").complete
+    monkeypatch.setitem(engine_traits.TRAITS, "trl", dataclasses.replace(TRL, checkpoint_format="verl"))
+    assert ck.judge(folder, "trl").layout != "trl"
 
 
 def test_engine_methods(tmp_path: Path) -> None:
