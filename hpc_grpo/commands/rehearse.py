@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.config.registry import TINY_MODEL_DIR
 from hpc_grpo.config.spec import RunSpec, default_run_name
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.runstate import layout
 
-TINY_MODEL = "~/.cache/hpc-grpo/tiny-qwen2"
 TRAIN_ROWS = 16  # a handful: 4 prompts per step, margin for rows filter_overlong_prompts drops
 VAL_ROWS = 4
 MAX_PROMPT = 256  # the tiny model's context is 512 tokens
@@ -116,7 +116,7 @@ def refuse_unrehearsable(spec: RunSpec) -> None:
     r = spec.recipe
     if r.engine != "verl":
         raise SpecError(f"engine={r.engine!r}: rehearse shrinks verl recipes onto verl's CPU mode; a trl recipe runs on "
-                        f"CPU as it is: hpc-grpo submit recipe={r.name} cluster=local model.path={TINY_MODEL} "
+                        f"CPU as it is: hpc-grpo submit recipe={r.name} cluster=local model.path={TINY_MODEL_DIR} "
                         "batch.train=4 train.total_training_steps=2", key="engine")
     if r.backend == "megatron":
         raise SpecError(
@@ -311,7 +311,7 @@ class Rehearsal:
 
 def ensure_tiny_model(python: str) -> Path:
     """The tiny model, built with the job's interpreter if missing (the CLI's own process imports no torch)."""
-    path = Path(TINY_MODEL).expanduser()
+    path = Path(TINY_MODEL_DIR).expanduser()
     if (path / "config.json").is_file():
         return path
     cmd = [python, "-m", "hpc_grpo.cli.app", "model", "tiny", "--out", str(path)]

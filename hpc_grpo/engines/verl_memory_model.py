@@ -20,14 +20,14 @@ How verl uses a GPU (hybrid engine: the actor, the reference and vLLM share ever
   copy, the Adam moments and the step of `optimizer_offload_fraction` of the parameters on the CPU; the fraction
   defaults to 0.0, hpc_grpo.engines.verl_offload).
 * log-prob phase (compute_log_prob, old and reference log-probs): vLLM sleeps, the actor's weights
-  are loaded for a forward pass of `log_prob_micro_batch_size_per_gpu` sequences. verl 0.9.1 keeps the
+  are loaded for a forward pass of `log_prob_micro_batch_size_per_gpu` sequences. The pinned verl keeps the
   bf16 logits plus two tensors of the same size for the entropy (6 B per token x vocabulary entry):
   for 40 x 1536 tokens at a 152k vocabulary that is ~52 GiB (bf16 logits alone ~17 GiB; they are not
   fp32), usually the largest term of an FSDP run.
 * reference phase (Megatron, only when the reference is offloaded): the reference is loaded
   next to whatever actor state stays resident, for a forward pass.
 * vLLM's CUDA graphs (unless `rollout.enforce_eager`): the graph pool comes on top of vLLM's
-  gpu_memory_utilization share ("CUDA graphs can take additional 1~3 GiB per GPU", vLLM), verl 0.9.1
+  gpu_memory_utilization share ("CUDA graphs can take additional 1~3 GiB per GPU", vLLM), the pinned verl
   captures FULL_AND_PIECEWISE graphs, and the pool cannot be freed while the actor trains
   (verl's rollout.yaml): it is resident in every phase.
 * usable memory: an "80 GB" card reports ~79.15 GiB to torch and vLLM; gpu_memory_utilization is a

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpc_grpo.cluster import sbatch
+from hpc_grpo.config import registry
 from hpc_grpo.config.spec import Resources, RunSpec
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.runstate import layout
@@ -36,10 +37,11 @@ from hpc_grpo.runstate import layout
 MODEL_RESULT = "eval.json"  # `hpc-grpo eval --model`: OUT/eval.json (a run's results: runstate.layout)
 SOURCE_FILE = "source.json"  # written by `hpc-grpo data gsm8k`: where the raw question/answer files are
 # Where users get GSM8K question/answer files: the product's own command, never a folder only its developers have.
-GSM8K_RAW_HINT = ("`hpc-grpo data gsm8k` writes them: from the Hub into ~/hpc-grpo-data/gsm8k/raw/{split}.jsonl, "
+GSM8K_RAW_HINT = (f"`hpc-grpo data gsm8k` writes them: from the Hub into ${registry.DATA_ENV} (default "
+                  f"{registry.DEFAULT_DATA_ROOT})/gsm8k/raw/{{split}}.jsonl, "
                   "or --source DIR names your own DIR/{split}.jsonl")
 
-# GSM8K.md's reference table (instruct models, lm-eval gsm8k as reported by the Qwen2.5 blog, 2024-09).
+# Published GSM8K scores of the instruct models (lm-eval gsm8k, as the Qwen2.5 blog of 2024-09 reports them).
 PUBLISHED: dict[str, tuple[float, str]] = {
     "qwen2.5-0.5b-instruct": (49.6, "Qwen2.5 blog, 2024-09"),
     "qwen2.5-1.5b-instruct": (73.2, "Qwen2.5 blog, 2024-09"),
@@ -369,6 +371,6 @@ def dependency(after: str) -> str:
 # ------------------------------------------------------------------------------------------- data
 def default_data_files() -> tuple[str, str] | None:
     """The raw GSM8K files `hpc-grpo data gsm8k` recorded in its default output folder, if any."""
-    root = Path(os.environ.get("HPC_GRPO_DATA", "~/hpc-grpo-data")).expanduser() / "gsm8k"
+    root = registry.data_root() / "gsm8k"
     src = _recorded_source(root / "trl" / "test.jsonl")
     return (str(src / "train.jsonl"), str(src / "test.jsonl")) if src else None

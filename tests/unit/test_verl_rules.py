@@ -1,5 +1,5 @@
-"""Issue 8, faults 3, 4 and 6: what the rendered verl call really runs, and the batch rules verl 0.9.1
-asserts on, each at the exact value its assertion fires (read in verl 0.9.1's own code:
+"""Issue 8, faults 3, 4 and 6: what the rendered verl call really runs, and the batch rules the pinned verl
+asserts on, each at the exact value its assertion fires (read in the pinned verl's own code:
 workers/engine_workers.py::train_mini_batch, utils/tensordict_utils.py::make_iterator,
 workers/engine/utils.py::prepare_micro_batches, workers/engine/megatron/transformer_impl.py)."""
 
@@ -131,7 +131,7 @@ def test_vpp_needs_micro_batches_divisible_by_the_group_size_not_vpp() -> None:
 
 
 def test_mini_batches_must_tile_the_train_batch() -> None:
-    # verl 0.9.1 does not pad: make_iterator asserts (train x n / DP) % (mini x n / DP) == 0
+    # the pinned verl does not pad: make_iterator asserts (train x n / DP) % (mini x n / DP) == 0
     bad = findings("qwen2.5-3b-gsm8k-lora", "batch.mini=384", key="batch.mini")
     assert bad and "not a multiple of ppo_mini_batch_size 384" in bad[0].message
     over = findings("qwen2.5-7b-codegen", "batch.mini=512", key="batch.mini")  # dynamic bsz skips verl's start-up check

@@ -1,7 +1,7 @@
 """What a verl job needs to start (issue 8), checked on the rendered files; the real start is tests/slurm/test_verl_main_ppo.py.
 
 - fault 1: no `ray_kwargs.ray_init.num_cpus` for a driver that joins the job's Ray; the CPUs go on `ray start --num-cpus`,
-  raised to what verl 0.9.1's placement groups reserve (3 per GPU) plus its controller actors;
+  raised to what the pinned verl's placement groups reserve (3 per GPU) plus its controller actors;
 - fault 2: one interpreter, frozen in spec.yaml, for submitit's srun line, Ray's CLI, the join wait, the probe and
   the drivers; its precedence: setup.python, <setup.venv>/bin/python, conda/container python3, the submitter's;
 - Slurm's ROCR_VISIBLE_DEVICES is dropped when it only repeats CUDA_VISIBLE_DEVICES (verl refuses both;
