@@ -63,6 +63,25 @@ ACCEPTED_ALIASES = {
 }
 
 
+def rename_old_keys(data: dict[str, Any], where: dict[str, str]) -> None:
+    """Rename accepted old key names in one file's data to their new names (ACCEPTED_ALIASES), before files
+    are merged, so a recipe's `keep` overrides its parent's `keep_last` as `keep_last` would."""
+    for alias, target in ACCEPTED_ALIASES.items():
+        *parents, last = alias.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or last not in node:
+            continue
+        new_last = target.rsplit(".", 1)[-1]
+        if new_last in node:
+            raise SpecError(f"set twice, as '{alias}' (the old name) and '{target}': keep only '{target}'",
+                            key=target, where=where.get(alias, ""))
+        node[new_last] = node.pop(last)
+        if alias in where:
+            where[target] = where.pop(alias)
+
+
 def canonical_key(key: str) -> str:
     """The recipe key an accepted old name stands for (itself for every other key)."""
     return ACCEPTED_ALIASES.get(key, key)
