@@ -1,6 +1,6 @@
 """Error messages that name the key: pydantic's errors turned into one line per bad key (where it was set, what is
-wrong, "did you mean"), the names users bring from verl, trl and the field reports, and the old names still
-accepted."""
+wrong, "did you mean"), the names users bring from verl, trl and guides written for them, and the old names still
+accepted (hpc_grpo/compat.py lists those with their end dates)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
     return current
 
 
-# Names users bring from verl, trl or the field reports, and the recipe key that means the same.
+# Names users bring from verl, trl or guides written for them, and the recipe key that means the same.
 ALIASES = {
     "grpo.group_size": "grpo.n",
     "grpo.num_generations": "grpo.n",

@@ -54,7 +54,7 @@ def check_verl_cpu(spec: RunSpec) -> list[Finding]:
 
 
 # --------------------------------------------------------------------------------------- layout
-ADVICE = (  # field report 000's table: advice, never a rule
+ADVICE = (  # Megatron layout advice by model size (docs/benchmarks.md, "Reference GPU run"): never a rule
     (7.5e9, False, (2, 1, 1), "<= 7B"),
     (30e9, False, (4, 2, 1), "7B-30B"),
     (float("inf"), False, (8, 4, 1), ">= 30B dense"),
@@ -153,7 +153,7 @@ def check_layout(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> list[F
                                  f"({etp}x{p.ep}x{p.pp} = {need}) != 0", "set parallel.etp=1 or change EP/PP/nodes"))
         advised, label = advice_for(shape)
         if (p.tp, p.pp, p.ep) != advised:
-            out.append(info("parallel", f"field report 000 advises TP {advised[0]}, PP {advised[1]}"
+            out.append(info("parallel", f"the usual layout advice is TP {advised[0]}, PP {advised[1]}"
                             + (f", EP {advised[2]}" if shape.num_experts else "") + f" for {label} models; this recipe uses "
                             f"TP {p.tp}, PP {p.pp}" + (f", EP {p.ep}" if shape.num_experts else ""), "advice only"))
     return out

@@ -362,7 +362,7 @@ class EvalJob:
 
 def dependency(after: str) -> str:
     """The eval job's dependency on training job `after`: afterany, not afterok. A training job that wrote its final
-    checkpoint and then failed (field report 004: W&B's teardown) is trained, and afterok would never start the
+    checkpoint and then failed (W&B's teardown has done that) is trained, and afterok would never start the
     evaluation (its dependency can never be satisfied). Slurm keeps one job id across requeues and resolves the
     dependency at that job's final end; the eval job then decides itself (--if-trained, hpc_grpo.runstate.trained)."""
     return sbatch.dependency(sbatch.AFTER_ANY, after)

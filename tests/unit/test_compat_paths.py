@@ -1,4 +1,4 @@
-"""Import paths of the pre-0.2 flat layout that outlive the re-shape (issue 19):
+"""Import paths of the flat layout before the package re-shape, kept while live runs need them (hpc_grpo/compat.py):
 
 - live runs' submitit folders hold `hpc_grpo.submit.TrainJob` and `hpc_grpo.evaluate.EvalJob` pickles: a job that
   starts (or requeues) after an upgrade unpickles them with the new code;

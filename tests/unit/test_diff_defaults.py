@@ -22,7 +22,7 @@ def diff_of(tmp_path: Path, folder: Path, recipe: str, cluster: str, *extra: str
 def test_the_recipe_changes_verl_left_at_defaults_are_listed_with_their_recipe_key(verl_yamls, tmp_path) -> None:
     d = diff_of(tmp_path, verl_yamls, "qwen2.5-3b-gsm8k-lora", "a100-ib", "batch.train=512",
                 "actor_rollout_ref.actor.clip_ratio_high=0.28")
-    # the silent changes the issue names, each with what set it and where that came from
+    # silent changes a user would not see, each with what set it and where that came from
     assert (d["trainer.val_before_train"].default, d["trainer.val_before_train"].value) == (True, False)
     assert d["trainer.val_before_train"].why == "recipe key train.val_before_train (hpc-grpo's default)"
     assert (d["actor_rollout_ref.rollout.load_format"].default, d["actor_rollout_ref.rollout.load_format"].value) == \

@@ -1,4 +1,4 @@
-"""Issue 8, fault 5: total steps, checkpoint steps and sizes, and the warnings for runs that would lose
+"""Total steps, checkpoint steps and sizes, and the warnings for runs that would lose
 everything to a time limit or a crash (the pinned verl saves at multiples of save_freq and at the last step)."""
 
 from __future__ import annotations
