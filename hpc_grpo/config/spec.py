@@ -291,7 +291,7 @@ class Eval(Strict):
     tasks: list[EvalTask] = Field(
         default_factory=lambda: default_eval_tasks(Grpo.model_fields["reward"].default), min_length=1,
         description="None/unset: by grpo.reward (code_exec -> [humaneval], else [gsm8k])")
-    limit: int | None = Field(default=None, gt=0, description="first K test problems (None: all 1319)")
+    limit: int | None = Field(default=None, gt=0, description="first K test problems (None: all)")
     num_fewshot: int | None = Field(default=None, ge=0, description="None: the task's own (gsm8k 5, gsm8k_cot 8)")
     backend: Literal["hf", "vllm"] | None = Field(default=None, description="None: vllm when training uses GPUs, "
                                                   "hf on the CPU otherwise (evaluate.eval_resources)")

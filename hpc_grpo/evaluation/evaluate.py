@@ -31,9 +31,11 @@ from typing import Any
 from hpc_grpo.cluster import sbatch
 from hpc_grpo.config import registry
 from hpc_grpo.config.spec import Resources, RunSpec
+from hpc_grpo.config.steps import KNOWN_ROWS
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.runstate import layout
 
+GSM8K_TEST_ROWS = KNOWN_ROWS["gsm8k", "test"]  # published scores are over the whole test split
 MODEL_RESULT = "eval.json"  # `hpc-grpo eval --model`: OUT/eval.json (a run's results: runstate.layout)
 SOURCE_FILE = "source.json"  # written by `hpc-grpo data gsm8k`: where the raw question/answer files are
 # Where users get GSM8K question/answer files: the product's own command, never a folder only its developers have.
@@ -265,11 +267,11 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append(row("base", result["base"]["model"], task, base))
     pub = result.get("published")
     if pub:
-        rows.append({"what": "published", "model": pub["model"], "task": "gsm8k", "n": 1319,
+        rows.append({"what": "published", "model": pub["model"], "task": "gsm8k", "n": GSM8K_TEST_ROWS,
                      "strict": None, "flexible": pub["gsm8k"] / 100, "verl": None, "source": pub["source"]})
         if "grpo" in pub:
             g = pub["grpo"]
-            rows.append({"what": "published GRPO", "model": pub["model"], "task": "gsm8k (verl strict)", "n": 1319,
+            rows.append({"what": "published GRPO", "model": pub["model"], "task": "gsm8k (verl strict)", "n": GSM8K_TEST_ROWS,
                          "strict": None, "flexible": None, "verl": g["trained"] / 100, "source": g["source"]})
     return rows
 
