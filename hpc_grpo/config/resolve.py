@@ -255,6 +255,8 @@ def job_python(setup: Setup) -> str:
 
 
 def load_frozen(path: Path) -> RunSpec:
-    """Read back a run's frozen spec (spec.yaml)."""
+    """Read back a run's frozen spec (spec.yaml); one frozen before a key's rename holds its old name."""
     data, lines = load_yaml_file(path)
+    if isinstance(data.get("recipe"), dict):
+        rename_old_keys(data["recipe"], {})
     return _validate(RunSpec, data, _origins(path, lines))

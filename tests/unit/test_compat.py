@@ -78,3 +78,16 @@ def test_a_lock_record_of_the_old_format_names_its_holder(tmp_path: Path) -> Non
     holder = runs._read_holder(lock)
     assert (holder.host, holder.pid) == (socket.gethostname(), os.getpid())
     assert not holder.stale(now=holder.expires + 10)  # our pid is alive: not stale, whatever the clock says
+
+
+def test_a_spec_frozen_with_the_old_key_still_loads(tmp_path: Path) -> None:
+    """A run created before the rename requeues on today's code: its spec.yaml says checkpoint.keep."""
+    from hpc_grpo.config.resolve import load_frozen, resolve_spec
+    from hpc_grpo.launch.render import frozen_spec_text
+
+    spec = resolve_spec("tiny-gsm8k", "local", ["checkpoint.keep_last=5"], run_name="old", now=0.0)
+    text = frozen_spec_text(spec)
+    assert "    keep_last: 5\n" in text
+    frozen = tmp_path / "spec.yaml"
+    frozen.write_text(text.replace("    keep_last: 5\n", "    keep: 5\n"))
+    assert load_frozen(frozen).recipe.checkpoint.keep_last == 5
