@@ -47,7 +47,7 @@ SHIMS: tuple[Shim, ...] = (
          "verl runs rendered before the re-shape: their frozen overrides name pkg://hpc_grpo.rewards (GSM8K's scorer)",
          RESHAPE_END, ("compute_score",)),
     Shim("checkpoint.keep", KEY, "checkpoint.keep_last",
-         "recipe files written before retention (2026-12-03), and spec.yaml frozen in runs created before it; "
+         "recipe files written before retention (2026-12-03), and the specs frozen in runs created before it; "
          "renamed in config.keys.rename_old_keys, nowhere else",
          date(2027, 2, 3)),
     Shim("'HOST pid N' checkpoint-lock record", RECORD, "hpc_grpo.runstate.runs (JSON lease record)",
