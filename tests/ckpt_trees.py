@@ -1,7 +1,7 @@
 """Checkpoint trees in the engines' real on-disk layouts, written with the real torch.save and
 safetensors (shared by the checkpoint, resume-preparation and prune tests).
 
-verl 0.9.1's order is kept: each rank's model/optim/extra_state shard, rank 0's huggingface/ and
+The pinned verl's order is kept: each rank's model/optim/extra_state shard, rank 0's huggingface/ and
 fsdp_config.json (not a completion marker), lora_train_meta.json for LoRA runs, then data.pt, then the
 tracker. Megatron v2: model/, optimizer/, extra/ dist_ckpt folders, transformer_config.json, and
 ckpt_contents.json last. trl: weights, optimizer, scheduler, rng, then trainer_state.json.

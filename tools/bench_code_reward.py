@@ -10,7 +10,7 @@ pairs, one kind at a time (each kind timed on its own; one after another they ar
 - ours: hpc_grpo.rewards.code.score_batch, the tests `assert f(ARGS) == EXPECTED`, on this machine's CPUs, exactly
   as the trl job and verl's reward workers run it (the sandbox, with whatever isolation it has here: printed);
 - verl's: verl.utils.reward_score.default_compute_score with data source "apps" (prime_code.compute_score,
-  continuous=True: what verl 0.9.1 uses for code without a SandboxFusion URL; no isolation) through verl's prime
+  continuous=True: what the pinned verl uses for code without a SandboxFusion URL; no isolation) through verl's prime
   reward manager's process pool (run_reward_scoring), in the venv with full verl (tools/bench_verl_code_score.py
   runs there as a subprocess: $HPC_GRPO_VERL_PYTHON, else this checkout's .venv-verl).
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark `hpc-grpo plan` against what it replaces, side by side in one run (issue 8):
+"""Benchmark `hpc-grpo plan` against what it replaces, side by side in one run:
 
   plan (verl schema)  vs  verl's own `python -m verl.trainer.main_ppo --config-name X <overrides> --cfg job`
                           with the same overrides (needs a full verl install: --verl-python, default

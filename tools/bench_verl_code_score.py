@@ -2,7 +2,7 @@
 """verl's built-in code scorer on a set of completions, run the way verl runs it: the other half of
 tools/bench_code_reward.py, which starts this file in the venv that has full verl (`.venv-verl`).
 
-verl 0.9.1 scores code data sources ("apps", "codecontests", "codeforces", "taco") with
+The pinned verl scores code data sources ("apps", "codecontests", "codeforces", "taco") with
 verl.utils.reward_score.default_compute_score -> prime_code.compute_score(..., continuous=True) when no
 SandboxFusion URL is set: each completion runs in a multiprocessing child of the scoring process with
 reliability_guard (some os/shutil/subprocess functions set to None) and no other isolation. Its prime reward

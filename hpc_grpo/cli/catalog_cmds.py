@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import typer
+
 from hpc_grpo.cli.console import print_json, print_table
 from hpc_grpo.cli.options import JsonT
 
 
-def recipes(as_json: JsonT = False) -> None:
+def recipes(
+    as_json: JsonT = False,
+    matrix: Annotated[bool, typer.Option("--matrix", help="plan every recipe on every cluster profile and print the "
+                                         "markdown table docs/recipe-matrix.md holds (ok, or refused and why)")] = False,
+) -> None:
     """List the recipes hpc-grpo can find."""
     from hpc_grpo.commands.catalog import recipe_rows
 
+    if matrix:
+        from hpc_grpo.commands.matrix import matrix as plan_matrix, to_markdown
+
+        cells = plan_matrix()
+        if as_json:
+            print_json([{"recipe": c.recipe, "cluster": c.cluster, "ok": c.ok, "reasons": list(c.reasons)}
+                        for c in cells])
+        else:
+            print(to_markdown(cells), end="")  # plain stdout: the file is this text, byte for byte
+        return
     rows = recipe_rows()
     if as_json:
         print_json(rows)

@@ -1,9 +1,10 @@
 """Live monitoring of a run: progress, the latest training numbers, health hints, GPU use per node, logs.
 
 The numbers come from the engine's own output through hpc_grpo.runstate.metrics (metrics.jsonl: trl's rows or
-verl's file-logger rows; else verl's console metric lines in the driver's log). Health hints restate field report 004's "what healthy training looks like"
-(reward rising ~0.55 -> ~0.90; KL rising but bounded, ~0.0027; grad norm smooth, ~0.005; responses not at the
-length limit) and report 000's symptom list (GPU use under 50%), so a user sees the problem while the job runs.
+verl's file-logger rows; else verl's console metric lines in the driver's log). Health hints restate what healthy training
+looked like in the reference GPU run of docs/benchmarks.md (reward rising ~0.55 -> ~0.90; KL rising but bounded,
+~0.0027; grad norm smooth, ~0.005; responses not at the length limit) and a badly laid-out job's symptom (GPU use
+under 50%), so a user sees the problem while the job runs.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.config.steps import total_steps
 
 GPU_FIELDS = "index,name,utilization.gpu,memory.used,memory.total"
-KL_HEALTHY = 0.0027  # field report 004, section 6.1
+KL_HEALTHY = 0.0027  # the reference GPU run's KL (docs/benchmarks.md)
 KL_TOO_HIGH = 0.1
-GPU_IDLE_PCT = 50  # field report 000: "GPU use under 50%"
+GPU_IDLE_PCT = 50  # a badly laid-out job's symptom: "GPU use under 50%"
 
 
 @dataclass
@@ -92,7 +93,7 @@ def progress_of(spec: RunSpec, rows: list[dict[str, Any]], printed_total: int | 
 
 
 def health_hints(spec: RunSpec, rows: list[dict[str, Any]]) -> list[str]:
-    """Where the numbers leave field report 004's healthy ranges; empty when they do not (or too few steps)."""
+    """Where the numbers leave the reference GPU run's healthy ranges; empty when they do not (or too few steps)."""
     hints: list[str] = []
 
     def series(key: str) -> list[float]:
@@ -100,7 +101,7 @@ def health_hints(spec: RunSpec, rows: list[dict[str, Any]]) -> list[str]:
 
     kl = series("kl")
     if kl and kl[-1] > KL_TOO_HIGH:
-        hints.append(f"KL {kl[-1]:.4g} is far above field report 004's healthy ~{KL_HEALTHY} (rising but bounded): the "
+        hints.append(f"KL {kl[-1]:.4g} is far above a healthy run's ~{KL_HEALTHY} (rising but bounded): the "
                      "policy is drifting from the reference; lower grpo.lr or raise grpo.kl_coef")
     elif len(kl) >= 6 and all(b > a for a, b in zip(kl[-6:], kl[-5:])) and kl[-1] > 0.01 and kl[-1] > 2 * kl[-6]:
         hints.append(f"KL has risen for 5 logged steps in a row, {kl[-6]:.4g} -> {kl[-1]:.4g}, without levelling off: "
@@ -109,14 +110,14 @@ def health_hints(spec: RunSpec, rows: list[dict[str, Any]]) -> list[str]:
     if len(reward) >= 5:
         best, recent = max(reward), statistics.mean(reward[-3:])
         if best > 0.1 and recent < 0.5 * best:
-            hints.append(f"reward collapsing: the last steps average {recent:.3g}, the best was {best:.3g} (report 004: "
-                         "it should rise steadily); resume from the checkpoint before the fall with a lower grpo.lr")
+            hints.append(f"reward collapsing: the last steps average {recent:.3g}, the best was {best:.3g} (in a healthy run "
+                         "it rises steadily); resume from the checkpoint before the fall with a lower grpo.lr")
     grad = series("grad_norm")
     if len(grad) >= 6:
         typical = statistics.median(grad[:-1])
         if typical > 0 and grad[-1] > 10 * typical:
             hints.append(f"grad norm spiked to {grad[-1]:.3g}, {grad[-1] / typical:.0f}x its median {typical:.3g} "
-                         "(report 004: it should stay smooth): a sign of divergence")
+                         "(in a healthy run it stays smooth): a sign of divergence")
     limit = spec.recipe.data.max_response_length
     length = series("response_length")
     clip = series("response_clip_ratio")
@@ -205,6 +206,6 @@ def gpu_hints(rows: list[GpuRow]) -> list[str]:
     if not rows or not idle:
         return []
     names = ", ".join(f"{g.node}:{g.index}" for g in idle)
-    return [f"{len(idle)} of {len(rows)} GPUs under {GPU_IDLE_PCT}% busy ({names}): field report 000's low-use symptom. "
+    return [f"{len(idle)} of {len(rows)} GPUs under {GPU_IDLE_PCT}% busy ({names}): the symptom of a badly laid-out job. "
             "A sawtooth (low in rollout, ~100% in the update) is normal; GPUs low in every sample are not: check "
-            "parallel.rollout_tp (report 004: TP 1 for a 3B model) and batch sizes"]
+            "parallel.rollout_tp (TP 1 is enough for a 3B model) and batch sizes"]

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.config.registry import TINY_MODEL_DIR
 from hpc_grpo.config.spec import RunSpec, default_run_name
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.engines import get_engine
 from hpc_grpo.runstate import layout
 
-TINY_MODEL = "~/.cache/hpc-grpo/tiny-qwen2"
 TRAIN_ROWS = 16  # a handful: 4 prompts per step, margin for rows filter_overlong_prompts drops
 VAL_ROWS = 4
 MAX_PROMPT = 256  # the tiny model's context is 512 tokens
@@ -118,7 +118,7 @@ def refuse_unrehearsable(spec: RunSpec) -> None:
     if not get_engine(r.engine).traits.cpu_mode:
         raise SpecError(f"engine={r.engine!r}: rehearse shrinks a recipe onto its engine's CPU mode (verl's), and "
                         f"{r.engine} has none; a {r.engine} recipe runs on CPU as it is: "
-                        f"hpc-grpo submit recipe={r.name} cluster=local model.path={TINY_MODEL} "
+                        f"hpc-grpo submit recipe={r.name} cluster=local model.path={TINY_MODEL_DIR} "
                         "batch.train=4 train.total_training_steps=2", key="engine")
     if r.backend == "megatron":
         raise SpecError(
@@ -313,7 +313,7 @@ class Rehearsal:
 
 def ensure_tiny_model(python: str) -> Path:
     """The tiny model, built with the job's interpreter if missing (the CLI's own process imports no torch)."""
-    path = Path(TINY_MODEL).expanduser()
+    path = Path(TINY_MODEL_DIR).expanduser()
     if (path / "config.json").is_file():
         return path
     cmd = [python, "-m", "hpc_grpo.cli.app", "model", "tiny", "--out", str(path)]

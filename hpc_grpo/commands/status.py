@@ -168,7 +168,7 @@ def job_succeeded(run_dir: Path, job_id: str, fallback_state: str | None = None)
 
 def trained_line(verdict: trained.Trained, jobs: list[JobRow], events: list[runs.HistoryEntry]) -> str | None:
     """What status says of a trained run; for one trained by its final checkpoint whose training job then failed
-    (field report 004: W&B's teardown), that it counts as trained and how the job ended. None while not trained."""
+    (W&B's teardown, say), that it counts as trained and how the job ended. None while not trained."""
     if not verdict.trained:
         return None
     if not verdict.by_checkpoint:

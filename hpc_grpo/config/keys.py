@@ -1,6 +1,6 @@
 """Error messages that name the key: pydantic's errors turned into one line per bad key (where it was set, what is
-wrong, "did you mean"), the names users bring from verl, trl and the field reports, and the old names still
-accepted."""
+wrong, "did you mean"), the names users bring from verl, trl and guides written for them, and the old names still
+accepted (hpc_grpo/compat.py lists those with their end dates)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
     return current
 
 
-# Names users bring from verl, trl or the field reports, and the recipe key that means the same.
+# Names users bring from verl, trl or guides written for them, and the recipe key that means the same.
 ALIASES = {
     "grpo.group_size": "grpo.n",
     "grpo.num_generations": "grpo.n",
@@ -61,6 +61,25 @@ ALIASES = {
 ACCEPTED_ALIASES = {
     "checkpoint.keep": "checkpoint.keep_last",
 }
+
+
+def rename_old_keys(data: dict[str, Any], where: dict[str, str]) -> None:
+    """Rename accepted old key names in one file's data to their new names (ACCEPTED_ALIASES), before files
+    are merged, so a recipe's `keep` overrides its parent's `keep_last` as `keep_last` would."""
+    for alias, target in ACCEPTED_ALIASES.items():
+        *parents, last = alias.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or last not in node:
+            continue
+        new_last = target.rsplit(".", 1)[-1]
+        if new_last in node:
+            raise SpecError(f"set twice, as '{alias}' (the old name) and '{target}': keep only '{target}'",
+                            key=target, where=where.get(alias, ""))
+        node[new_last] = node.pop(last)
+        if alias in where:
+            where[target] = where.pop(alias)
 
 
 def canonical_key(key: str) -> str:

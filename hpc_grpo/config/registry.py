@@ -17,6 +17,17 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 _CHECKOUT = _PACKAGE.parent
 _SHIPPED = _PACKAGE / "_shipped"
 
+DATA_ENV = "HPC_GRPO_DATA"  # where `hpc-grpo data` writes and evaluation looks, when set
+DEFAULT_DATA_ROOT = "~/hpc-grpo-data"  # the shipped recipes' data paths are under it
+TINY_MODEL_DIR = "~/.cache/hpc-grpo/tiny-qwen2"  # `hpc-grpo model tiny` writes it, the tiny recipes and rehearse read it
+
+
+def data_root() -> Path:
+    """The data folder: $HPC_GRPO_DATA, else ~/hpc-grpo-data. The one place this is decided, so what
+    `hpc-grpo data` writes is where evaluation looks for it."""
+    return Path(os.environ.get(DATA_ENV) or DEFAULT_DATA_ROOT).expanduser()
+
+
 def search_roots() -> list[Path]:
     roots = [Path(p).expanduser() for p in os.environ.get("HPC_GRPO_PATH", "").split(":") if p]
     if (_CHECKOUT / "pyproject.toml").exists() and (_CHECKOUT / "recipes").is_dir():

@@ -19,7 +19,7 @@ from hpc_grpo.config import registry
 from hpc_grpo.engines.verl_keys import KeyRoutes, bare_key, format_value, is_engine_key, real_key_for
 from hpc_grpo.config.cluster import Cluster, Setup
 from hpc_grpo.config.fields import check_name
-from hpc_grpo.config.keys import ACCEPTED_ALIASES, canonical_key, validation_error
+from hpc_grpo.config.keys import canonical_key, rename_old_keys, validation_error
 from hpc_grpo.config.secrets import secret_error, secret_in
 from hpc_grpo.config.spec import DataCfg, Recipe, RunSpec, default_run_name
 from hpc_grpo.common.yamlio import SpecError, load_yaml_file, parse_scalar
@@ -44,32 +44,13 @@ def _origins(path: Path, lines: dict[str, int]) -> dict[str, str]:
     return {key: f"{path}:{line}" for key, line in lines.items()}
 
 
-def _rename_aliases(data: dict[str, Any], where: dict[str, str]) -> None:
-    """Rename accepted old key names in one file's data to their new names (keys.ACCEPTED_ALIASES), before files
-    are merged, so a recipe's `keep` overrides its parent's `keep_last` as `keep_last` would."""
-    for alias, target in ACCEPTED_ALIASES.items():
-        *parents, last = alias.split(".")
-        node: Any = data
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if not isinstance(node, dict) or last not in node:
-            continue
-        new_last = target.rsplit(".", 1)[-1]
-        if new_last in node:
-            raise SpecError(f"set twice, as '{alias}' (the old name) and '{target}': keep only '{target}'",
-                            key=target, where=where.get(alias, ""))
-        node[new_last] = node.pop(last)
-        if alias in where:
-            where[target] = where.pop(alias)
-
-
 def load_raw(kind: str, name: str, chain: tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, str]]:
     """Raw data of a recipe/cluster with `extends:` applied, and where each key was set."""
     path = registry.find(kind, name)
     data, lines = load_yaml_file(path)
     where = _origins(path, lines)
     if kind == "recipes":
-        _rename_aliases(data, where)
+        rename_old_keys(data, where)
     parent = data.pop("extends", None)
     if parent is None:
         return data, where
@@ -127,7 +108,7 @@ def _route_verl_keys(rdata: dict[str, Any], rwhere: dict[str, str], passthrough:
     """verl keys that hpc-grpo models, from the recipe's passthrough block or the command line: a plain copy of a
     recipe key becomes that key; one hpc-grpo sets to the same value is dropped. A contradiction with the recipe key
     given in the same place (the same file, or the command line) is refused, naming both."""
-    typed = {canonical_key(k): v for k, v in recipe_items}
+    typed = dict(recipe_items)
     file_pass = rdata.get("passthrough") or {}
     for key, value in list(file_pass.items()):
         origin = rwhere.get(f"passthrough.{key}", "the recipe")
@@ -218,12 +199,12 @@ def resolve_spec(
     what it did is appended to `notes`, one line each."""
     overrides = list(overrides or [])
     recipe_items, cluster_items, passthrough = split_overrides(overrides)
+    recipe_items = [(canonical_key(k), v) for k, v in recipe_items]  # old names take the new name's precedence
 
     rdata, rwhere = load_raw("recipes", recipe)
     if routes is not None:
         _route_verl_keys(rdata, rwhere, passthrough, recipe_items, routes, notes if notes is not None else [])
     for key, value in recipe_items:
-        key = canonical_key(key)
         if key in ("name", "extends"):
             raise SpecError(f"'{key}' cannot be overridden from the command line", key=key)
         _set_dotted(rdata, key, value, "command line")
@@ -274,6 +255,8 @@ def job_python(setup: Setup) -> str:
 
 
 def load_frozen(path: Path) -> RunSpec:
-    """Read back a run's frozen spec (spec.yaml)."""
+    """Read back a run's frozen spec (spec.yaml); one frozen before a key's rename holds its old name."""
     data, lines = load_yaml_file(path)
+    if isinstance(data.get("recipe"), dict):
+        rename_old_keys(data["recipe"], {})
     return _validate(RunSpec, data, _origins(path, lines))

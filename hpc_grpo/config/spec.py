@@ -215,7 +215,7 @@ class Rollout(Strict):
 class Checkpoint(Strict):
     """How often to save, and the retention policy hpc-grpo applies (the engines' own limits are off).
 
-    `keep` is the old name of `keep_last` and still accepted. Kept: the `keep_last` newest complete
+    `keep`, the old name of `keep_last`, is renamed before validation (config.keys.ACCEPTED_ALIASES). Kept: the `keep_last` newest complete
     checkpoints, every step that is a multiple of `keep_every`, the best by `keep_best`; then the
     oldest are dropped while the total (exports included) is over `max_bytes`. Never removed: the
     newest complete one, verl's tracker step, one younger than `grace_s`, one a reader has leased.
@@ -230,17 +230,6 @@ class Checkpoint(Strict):
     quarantine_days: float = Field(default=7.0, ge=0,
                                    description="delete incomplete checkpoints set aside at a job start after")
     disk_gb: float | None = Field(default=None, gt=0, description="free space to require")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_keep(cls, data: Any) -> Any:
-        """`keep: N` (recipes before retention) means keep_last N. Files and overrides are renamed earlier, where
-        precedence is known (resolve, ACCEPTED_ALIASES); here, for data built in code, keep_last wins when both are set."""
-        if isinstance(data, dict) and "keep" in data:
-            data = dict(data)
-            keep = data.pop("keep")
-            data.setdefault("keep_last", keep)
-        return data
 
     @field_validator("max_bytes", mode="before")
     @classmethod
@@ -303,7 +292,7 @@ class Eval(Strict):
     tasks: list[EvalTask] = Field(
         default_factory=lambda: default_eval_tasks(Grpo.model_fields["reward"].default), min_length=1,
         description="None/unset: by grpo.reward (code_exec -> [humaneval], else [gsm8k])")
-    limit: int | None = Field(default=None, gt=0, description="first K test problems (None: all 1319)")
+    limit: int | None = Field(default=None, gt=0, description="first K test problems (None: all)")
     num_fewshot: int | None = Field(default=None, ge=0, description="None: the task's own (gsm8k 5, gsm8k_cot 8)")
     backend: Literal["hf", "vllm"] | None = Field(default=None, description="None: vllm when training uses GPUs, "
                                                   "hf on the CPU otherwise (evaluate.eval_resources)")

@@ -1,7 +1,7 @@
 """Log lines that mean verl's rollout engine is gone for good, while verl itself waits on it forever.
 
 Why: when a vLLM worker or engine-core process dies (OOM killer, a segfault in a kernel, a failed weight update),
-verl 0.9.1's trainer keeps waiting for the rollout it will never get: main_ppo hangs until the Slurm time limit, and
+the pinned verl's trainer keeps waiting for the rollout it will never get: main_ppo hangs until the Slurm time limit, and
 the allocation burns. vLLM says so in the log first. The job's driver watch (hpc_grpo.job.driver_watch) reads the
 driver's output (Ray forwards every actor's lines to it) and stops the job when one of these appears.
 

@@ -11,13 +11,13 @@ from pathlib import Path
 from hpc_grpo.runstate import checkpoints, layout, runs
 from hpc_grpo.engines import verl_cpu, vllm_cpu
 from hpc_grpo.engines.base import EngineCommand, JobImports, Override
-from hpc_grpo.engines.verl_keys import KEY_RE, bare_key, format_value, real_fix, real_key_for
+from hpc_grpo.engines.verl_keys import KEY_RE, VERL_VERSION, bare_key, format_value, real_fix, real_key_for
 from hpc_grpo.common.findings import Finding, error, warning
 from hpc_grpo.config.engine_traits import VERL
 from hpc_grpo.config.spec import RunSpec
 
 ENTRY = ["-m", "verl.trainer.main_ppo"]  # after the job's interpreter (spec.python)
-# verl 0.9.1 loads reward.custom_reward_function (the top-level custom_reward_function is the legacy key)
+# the pinned verl loads reward.custom_reward_function (the top-level custom_reward_function is the legacy key)
 # with verl.utils.import_utils.load_extern_object, which imports pkg:// paths as installed modules.
 CODE_REWARD_PATH = "pkg://hpc_grpo.rewards.code"
 CODE_REWARD_NAME = "compute_score"
@@ -38,7 +38,7 @@ def job_imports(spec: RunSpec) -> JobImports:
     r = spec.recipe
     modules = NODE_MODULES if r.launch.driver else (*NODE_MODULES, TRAINER_MODULE, ROLLOUT_MODULES[r.rollout.name])
     if r.rollout.name == "hf" or r.launch.driver or spec.verl_cpu:
-        fix = (f"`bash tools/setup-env.sh verl` builds {CHECKOUT_VENV} with verl 0.9.1's trainer stack"
+        fix = (f"`bash tools/setup-env.sh verl` builds {CHECKOUT_VENV} with verl {VERL_VERSION}'s trainer stack"
                + (" and vLLM's CPU build" if spec.verl_cpu and r.rollout.name == "vllm" else ""))
     else:
         wants = "hpc-grpo[train-verl-vllm]" if r.rollout.name == "vllm" else f"hpc-grpo[train-verl] and {r.rollout.name}"
@@ -47,7 +47,7 @@ def job_imports(spec: RunSpec) -> JobImports:
                       checkout_venv=CHECKOUT_VENV)
 
 
-# verl's CPU mode (hpc_grpo.engines.verl_cpu): settings verl's trainer needs on CPU, measured with verl 0.9.1.
+# verl's CPU mode (hpc_grpo.engines.verl_cpu): settings verl's trainer needs on CPU, measured with the pinned verl.
 # FSDP2 (FSDP1 passes a device index), no torch.compile / flash-attention paths (remove-padding needs flash-attn),
 # no gradient checkpointing (its reentrant path asks CUDA for RNG state), one agent-loop / reward worker and no
 # dataloader workers (two cores: every extra process only waits).
@@ -71,7 +71,7 @@ CPU_OVERRIDES = {
 
 
 
-# Megatron's activation recompute as verl 0.9.1 reads it (engine/megatron.yaml leaves granularity null = off):
+# Megatron's activation recompute as the pinned verl reads it (engine/megatron.yaml leaves granularity null = off):
 # every layer keeps only its input and is recomputed in the backward pass.
 RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
 
@@ -254,7 +254,7 @@ def composed(spec: RunSpec) -> dict[str, object]:
     return values
 
 
-# verl 0.9.1 (single_controller/ray/base.py): each GPU's placement-group bundle reserves max_colocate_count = 3 Ray CPUs,
+# the pinned verl (single_controller/ray/base.py): each GPU's placement-group bundle reserves max_colocate_count = 3 Ray CPUs,
 # and placement groups wait forever, without an error, until every bundle fits. Beside the bundles, with verl's
 # default config, these actors reserve one CPU each (main_ppo.py, transfer_queue, agent_loop_tq.py, reward_loop); Ray
 # places them on any node, so each node offers room for all of them.
@@ -352,7 +352,7 @@ def node_env(spec: RunSpec) -> dict[str, str]:
 
 
 def check_kl(spec: RunSpec) -> list[Finding]:
-    """Both KLs on pull the policy to the reference twice with one weight (verl 0.9.1 only prints a NOTICE)."""
+    """Both KLs on pull the policy to the reference twice with one weight (the pinned verl only prints a NOTICE)."""
     g = spec.recipe.grpo
     if not (g.kl_loss and g.kl_in_reward and g.kl_coef > 0):
         return []

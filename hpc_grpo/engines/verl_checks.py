@@ -16,6 +16,7 @@ from hpc_grpo.config.models import ModelShape
 from hpc_grpo.engines.megatron_pipeline import (EMBED_KEY, FIRST_KEY, LAST_KEY, LAYOUT_KEY, LOSS_KEY, PipelineSplit,
                                                 Refused, stage_layers)
 from hpc_grpo.engines.verl_offload import as_bool
+from hpc_grpo.engines.verl_keys import VERL_VERSION
 
 
 # Samplers verl's CPU mode runs: vLLM's CPU build (verl's own vLLM server), or hpc-grpo's HF server (no vLLM needed)
@@ -45,7 +46,7 @@ def check_verl_cpu(spec: RunSpec) -> list[Finding]:
                    else "hpc-grpo's HF server standing in for vLLM")
         out.append(info("resources.gpus_per_node", f"0 GPUs: verl's real trainer runs in its CPU mode, "
                         f"{spec.procs_per_node} training process(es) per node on gloo, sampling with {sampler} "
-                        "(verl 0.9.1 only; not exercised: NCCL, CUDA kernels, GPU memory)"))
+                        f"(verl {VERL_VERSION} only; not exercised: NCCL, CUDA kernels, GPU memory)"))
     elif r.rollout.name == "hf":
         out.append(error("rollout.name", "'hf' is verl's CPU-mode sampler (hpc-grpo's stand-in for vLLM), and this "
                          f"job has {spec.gpus_per_node} GPUs per node", "use rollout.name=vllm"))
@@ -53,7 +54,7 @@ def check_verl_cpu(spec: RunSpec) -> list[Finding]:
 
 
 # --------------------------------------------------------------------------------------- layout
-ADVICE = (  # field report 000's table: advice, never a rule
+ADVICE = (  # Megatron layout advice by model size (docs/benchmarks.md, "Reference GPU run"): never a rule
     (7.5e9, False, (2, 1, 1), "<= 7B"),
     (30e9, False, (4, 2, 1), "7B-30B"),
     (float("inf"), False, (8, 4, 1), ">= 30B dense"),
@@ -152,7 +153,7 @@ def check_layout(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> list[F
                                  f"({etp}x{p.ep}x{p.pp} = {need}) != 0", "set parallel.etp=1 or change EP/PP/nodes"))
         advised, label = advice_for(shape)
         if (p.tp, p.pp, p.ep) != advised:
-            out.append(info("parallel", f"field report 000 advises TP {advised[0]}, PP {advised[1]}"
+            out.append(info("parallel", f"the usual layout advice is TP {advised[0]}, PP {advised[1]}"
                             + (f", EP {advised[2]}" if shape.num_experts else "") + f" for {label} models; this recipe uses "
                             f"TP {p.tp}, PP {p.pp}" + (f", EP {p.ep}" if shape.num_experts else ""), "advice only"))
     return out
@@ -213,7 +214,7 @@ def vpp_group_size(spec: RunSpec) -> int:
 
 
 def check_batches(spec: RunSpec, lay: Layout) -> list[Finding]:
-    """verl 0.9.1's batch arithmetic, restated with the recipe's keys.
+    """The pinned verl's batch arithmetic, restated with the recipe's keys.
 
     Start-up (verl/utils/config.py::validate_config, ActorConfig.validate): without dynamic batch size
     train >= mini, one micro-batch setting per role, and train x n divisible by the minimal batch. At the
@@ -235,7 +236,7 @@ def check_batches(spec: RunSpec, lay: Layout) -> list[Finding]:
                             if b.dynamic_bsz else ""), f"use batch.mini<={b.train}"))
     elif b.train % b.mini:
         out.append(error("batch.mini", f"train_batch_size {b.train} is not a multiple of ppo_mini_batch_size {b.mini}: "
-                         "verl 0.9.1 does not pad the last mini-batch, make_iterator asserts on the first update",
+                         f"verl {VERL_VERSION} does not pad the last mini-batch, make_iterator asserts on the first update",
                          f"use a batch.mini dividing {b.train}"))
     if not lay.dp:
         return out

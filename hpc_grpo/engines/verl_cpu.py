@@ -5,7 +5,7 @@ the reward, the actor update, checkpoint saves and resume, the file logger) does
 own GRPO loop on CPU, so the launch path, resume preparation, prune and the eval chain are tested through verl's
 real code, and users can rehearse a recipe before spending GPU hours (`hpc-grpo rehearse`).
 
-What it does, using verl 0.9.1's extension points only (no installed file is changed):
+What it does, using the pinned verl's extension points only (no installed file is changed):
 - registers a CPU platform (`VERL_PLATFORM=hpc_grpo_cpu`): device "cpu", collectives on gloo, Ray's fake GPUs as
   the per-process resource (each training process holds one "GPU" bundle, as on a GPU node);
 - makes `torch.distributed.init_process_group` accept verl's "cpu:gloo,cpu:gloo" (verl builds `cpu:gloo,<dev>:<be>`,
@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
-VERL_VERSION = "0.9.1"  # the only verl this plugin was built and tested against
+from hpc_grpo.engines.verl_keys import VERL_VERSION  # the only verl this plugin was built and tested against
+
 PLATFORM = "hpc_grpo_cpu"
 ROLLOUT = "hf"
 ADAPTER = "hpc_grpo.engines.verl_hf_rollout.HFServerAdapter"
@@ -221,7 +222,7 @@ def _register_rollout() -> None:
         return HFReplica
 
     RolloutReplicaRegistry.register(ROLLOUT, load_replica)
-    # verl 0.9.1 has no register function for the in-worker adapter: the module-level dict is the registry
+    # the pinned verl has no register function for the in-worker adapter: the module-level dict is the registry
     base._ROLLOUT_REGISTRY[(ROLLOUT, "async")] = ADAPTER
 
 

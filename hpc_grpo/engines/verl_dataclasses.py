@@ -8,7 +8,7 @@ key the class has no field for fails with "__init__() got an unexpected keyword 
 job. Values are not converted there: a string where a float is annotated reaches the training step as a
 string and fails at the first update.
 
-Which nodes are converted (verl 0.9.1, workers/engine_workers.py `init_model` and the rollout's start):
+Which nodes are converted (the pinned verl, workers/engine_workers.py `init_model` and the rollout's start):
 `actor_rollout_ref.model`, `.actor`, `.rollout` (with every `_target_` node below them) always, and `.ref` when a
 reference policy is used (`actor.use_kl_loss` or `algorithm.use_kl_in_reward`, verl's need_reference_policy),
 after verl renames its `log_prob_*` keys to the actor's names (REF_RENAMES). Other `_target_` nodes (critic,

@@ -1,6 +1,6 @@
 """An HF-sampling rollout server for verl's CPU mode: the stand-in for vLLM, behind verl's own rollout interfaces.
 
-verl 0.9.1 generates only through a rollout *server* (a Ray actor per replica that the agent loop calls with
+The pinned verl generates only through a rollout *server* (a Ray actor per replica that the agent loop calls with
 token ids) plus an in-worker *adapter* through which the trainer pushes its weights after each update. vLLM needs a
 GPU; this server samples with a plain transformers model on the CPU, so everything around generation (the agent
 loop, log-probs, rewards, the weight sync, LoRA adapters) is verl's real code. Only sampling speed differs.

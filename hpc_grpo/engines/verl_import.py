@@ -27,7 +27,7 @@ from hpc_grpo.engines.verl import (
     owned_refusal,
 )
 from hpc_grpo.engines.verl_keymap import inverse_map
-from hpc_grpo.engines.verl_keys import bare_key, format_value, real_fix, real_key_for
+from hpc_grpo.engines.verl_keys import VERL_VERSION, bare_key, format_value, real_fix, real_key_for
 from hpc_grpo.engines.verl_schema import composed_leaves, verl_config_dir
 from hpc_grpo.engines.verl_script import Script, parse_script
 
@@ -128,7 +128,7 @@ def _route(script: Script, spec: RunSpec, rows: list[Row]) -> tuple[dict[str, An
         if secret_in(key, value):
             rows.append(Row(key, UNUSABLE, "a secret: export it in the shell you submit from (not written)"))
         elif real_key_for(key) is not None:
-            rows.append(Row(item, UNUSABLE, f"not a verl 0.9.1 key: {real_fix(real_key_for(key) or '')}"))
+            rows.append(Row(item, UNUSABLE, f"not a verl {VERL_VERSION} key: {real_fix(real_key_for(key) or '')}"))
         elif target is not None:
             recipe[target] = value
             rows.append(Row(item, f"{target}={format_value(value)}"))

@@ -1,14 +1,18 @@
 """What verl's config does and does not have, beyond what the adapter sets.
 
-The field report 000 is what users paste: its flags look like verl's but many are not. Each
-entry maps such a key to what verl really uses, so the error says the fix, not just "unknown".
-Checked against verl 0.9.1's config (verl/trainer/config/ppo_trainer.yaml and its groups).
+Guides and blog posts for GRPO on verl are what users paste: their flags look like verl's but many are not.
+Each entry maps such a key to what verl really uses, so the error says the fix, not just "unknown".
+Checked against the pinned verl's config (verl/trainer/config/ppo_trainer.yaml and its groups).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+
+# The verl release hpc-grpo is built and tested against, the one place Python spells it: pyproject.toml's
+# train-verl pin and tools/setup-env.sh's verl_version must equal it (tests/unit/test_one_value.py).
+VERL_VERSION = "0.9.1"
 
 # Top-level sections of verl's ppo_trainer config; a command-line key under one of these goes to
 # the recipe's passthrough block.
@@ -54,7 +58,7 @@ NOT_IN_VERL: dict[str, str] = {
     ),
     "actor_rollout_ref.actor.model_name_or_path": "actor_rollout_ref.model.path (recipe key model.path)",
     "actor_rollout_ref.actor.megatron.grad_offload": (
-        "removed in verl 0.9.1: use actor_rollout_ref.actor.megatron.param_offload and .optimizer_offload "
+        f"removed in verl {VERL_VERSION}: use actor_rollout_ref.actor.megatron.param_offload and .optimizer_offload "
         "(recipe keys offload.param and offload.optimizer)"
     ),
     "actor_rollout_ref.actor.megatron.data_loader_type": "data.dataloader_num_workers (there is no loader type)",
@@ -72,7 +76,7 @@ NOT_IN_VERL: dict[str, str] = {
     "save_interval": "trainer.save_freq (recipe key checkpoint.save_freq)",
 }
 
-# Megatron's optimizer settings (megatron-core's OptimizerConfig fields) go under the actor's optim section: verl 0.9.1
+# Megatron's optimizer settings (megatron-core's OptimizerConfig fields) go under the actor's optim section: the pinned verl
 # copies it into OptimizerConfig (verl/utils/megatron/optimizer.py). Its McoreEngineConfig (the `megatron` section) has
 # no override_optimizer_config field, so a key typed there stops main_ppo while it builds the actor's config.
 OPTIMIZER_OVERRIDE = "actor_rollout_ref.actor.optim.override_optimizer_config"
@@ -80,7 +84,7 @@ OPTIMIZER_OFFLOAD_KNOBS = ("optimizer_cpu_offload", "optimizer_offload_fraction"
                            "use_precision_aware_optimizer")
 NOT_IN_VERL.update({
     f"actor_rollout_ref.{role}.megatron.override_optimizer_config.{knob}": (
-        f"+{OPTIMIZER_OVERRIDE}.{knob} (verl 0.9.1 reads megatron-core's optimizer settings from the actor's optim "
+        f"+{OPTIMIZER_OVERRIDE}.{knob} (verl {VERL_VERSION} reads megatron-core's optimizer settings from the actor's optim "
         "section; its megatron section has no override_optimizer_config)"
     )
     for role in ("actor", "ref") for knob in OPTIMIZER_OFFLOAD_KNOBS

@@ -20,14 +20,14 @@ How verl uses a GPU (hybrid engine: the actor, the reference and vLLM share ever
   copy, the Adam moments and the step of `optimizer_offload_fraction` of the parameters on the CPU; the fraction
   defaults to 0.0, hpc_grpo.engines.verl_offload).
 * log-prob phase (compute_log_prob, old and reference log-probs): vLLM sleeps, the actor's weights
-  are loaded for a forward pass of `log_prob_micro_batch_size_per_gpu` sequences. verl 0.9.1 keeps the
+  are loaded for a forward pass of `log_prob_micro_batch_size_per_gpu` sequences. The pinned verl keeps the
   bf16 logits plus two tensors of the same size for the entropy (6 B per token x vocabulary entry):
   for 40 x 1536 tokens at a 152k vocabulary that is ~52 GiB (bf16 logits alone ~17 GiB; they are not
   fp32), usually the largest term of an FSDP run.
 * reference phase (Megatron, only when the reference is offloaded): the reference is loaded
   next to whatever actor state stays resident, for a forward pass.
 * vLLM's CUDA graphs (unless `rollout.enforce_eager`): the graph pool comes on top of vLLM's
-  gpu_memory_utilization share ("CUDA graphs can take additional 1~3 GiB per GPU", vLLM), verl 0.9.1
+  gpu_memory_utilization share ("CUDA graphs can take additional 1~3 GiB per GPU", vLLM), the pinned verl
   captures FULL_AND_PIECEWISE graphs, and the pool cannot be freed while the actor trains
   (verl's rollout.yaml): it is resident in every phase.
 * usable memory: an "80 GB" card reports ~79.15 GiB to torch and vLLM; gpu_memory_utilization is a
@@ -106,167 +106,209 @@ class Inputs:
 
 
 # ------------------------------------------------------------------------------------ the model
+@dataclass(frozen=True)
+class _Layout:
+    """The parallel sizes the model uses: Megatron's as given (PP capped by the layer count), FSDP's all 1 but CP."""
+
+    megatron: bool
+    world: int
+    tp: int
+    pp: int
+    cp: int
+    etp: int
+    ep: int
+    layers_stage: int
+
+
+@dataclass(frozen=True)
+class _State:
+    """The actor's (and a resident reference's) state per GPU, bytes. `layer` is one FSDP layer's parameters
+    (count), `gather` FSDP's unsharded working set; both 0 on Megatron."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    reference: float
+    gather: float = 0.0
+    layer: float = 0.0
+
+
 def compute(i: Inputs) -> MemoryEstimate:
     """The estimate for `i`, advice left empty (the advice runs this once more for each knob it tries)."""
-    s = i.shape
-    g = param_groups(s)
-    lora = lora_trainable_params(s, i.lora_rank)
+    lay = _layout(i)
     full_ft = i.lora_rank == 0
-    W = i.world_size
-    megatron = i.backend == "megatron"
-    tp = i.tp if megatron else 1
-    pp = min(i.pp, s.num_hidden_layers) if megatron else 1
-    cp = i.cp
-    etp = (i.etp or tp) if megatron else 1
-    ep = i.ep if megatron else 1
-    layers_stage = math.ceil(s.num_hidden_layers / pp)
-
-    if megatron:
-        # per-GPU parameter share: a stage's layers (+ its embedding/lm_head) over TP; experts over ETP x EP
-        layer_dense = g.attention + g.dense_mlp + g.router + g.norms - s.hidden_size
-        embed_stage = g.embedding + g.lm_head if pp == 1 else max(g.embedding, g.lm_head or g.embedding)
-        dense_pg = (layer_dense / pp + embed_stage) / tp
-        expert_pg = g.experts / pp / (etp * ep)
-        base_pg = dense_pg + expert_pg
-        weights = base_pg * i.dtype_bytes
-        dp_dense = max(1.0, W / (tp * pp))  # distributed optimizer shards over DP x CP
-        dp_expert = max(1.0, W / (etp * ep * pp))
-        if full_ft:
-            train_pg = base_pg
-            optimizer = MEGATRON_OPT_BYTES * (dense_pg / dp_dense + expert_pg / dp_expert)
-        else:
-            train_pg = lora / (tp * pp)
-            weights += train_pg * i.dtype_bytes
-            optimizer = MEGATRON_OPT_BYTES * train_pg / dp_dense
-        gradients = GRAD_BYTES * train_pg
-        reference = base_pg * i.dtype_bytes if (i.use_ref and full_ft) else 0.0
-        gather = 0.0
-        layer = 0.0
-    else:
-        weights = (g.total + lora) * i.fsdp_param_bytes / W
-        train = g.total if full_ft else lora
-        gradients = train * i.fsdp_param_bytes / W
-        optimizer = train * 2 * i.fsdp_param_bytes / W
-        reference = 0.0  # verl forces CPUOffload on the FSDP reference
-        # unsharded working set: root unit (embedding + lm_head) + 2 layers in flight (prefetch) in bf16,
-        # + one layer's unsharded fp32 grads before reduce-scatter (full fine-tuning only)
-        layer = (g.total - g.embedding - g.lm_head) / s.num_hidden_layers
-        gather = (g.embedding + g.lm_head + 2 * layer) * i.dtype_bytes + (layer * GRAD_BYTES if full_ft else 0)
-
-    activations, fwd_only = _activations(i, tp, pp, cp, layers_stage, megatron)
-    lp_layer, lp_logits = _log_prob_activations(i, tp, cp)
+    state = _megatron_state(i, lay) if lay.megatron else _fsdp_state(i)
+    activations, fwd_only = _activations(i, lay.tp, lay.pp, lay.cp, lay.layers_stage, lay.megatron)
+    lp_layer, lp_logits = _log_prob_activations(i, lay.tp, lay.cp)
     capacity = i.gpu_memory_gb * USABLE_FRACTION
-    rollout_share = i.gpu_memory_utilization * capacity * GIB
-    overhead = i.overhead_gib * GIB
     graphs = 0.0 if i.enforce_eager else (CUDA_GRAPH_SMALL_GIB if i.max_num_seqs <= 64 else CUDA_GRAPH_GIB) * GIB
-
     terms_b = {
-        "weights": weights,
-        "gradients": gradients,
-        "optimizer": optimizer,
-        "reference": reference,
+        "weights": state.weights,
+        "gradients": state.gradients,
+        "optimizer": state.optimizer,
+        "reference": state.reference,
         "activations": activations,
         "log_prob_logits": lp_logits,
-        "fsdp_gather": gather,
-        "rollout": rollout_share,
+        "fsdp_gather": state.gather,
+        "rollout": i.gpu_memory_utilization * capacity * GIB,
         "cuda_graphs": graphs,
-        "overhead": overhead,
+        "overhead": i.overhead_gib * GIB,
     }
     terms = {k: v / GIB for k, v in terms_b.items()}
-
-    # what sits where, per phase
-    cpu_share = min(1.0, max(0.0, float(i.train_offload)))
-    train_off_w = cpu_share > 0 and not megatron  # FSDP2 CPUOffloadPolicy: params+grads+optimizer
-    opt_gpu = terms["optimizer"] * (1.0 - cpu_share)  # Megatron's hybrid optimizer keeps the rest on the GPU
-    z = 0.0
-    opt_idle = z if i.optimizer_offload else opt_gpu
-    ref_resident = megatron and reference > 0 and not i.ref_param_offload
-    training = {
-        "weights": z if train_off_w else terms["weights"],
-        "gradients": z if train_off_w else terms["gradients"],
-        "optimizer": opt_gpu,
-        "reference": terms["reference"] if ref_resident else z,
-        "activations": terms["activations"],
-        "fsdp_gather": terms["fsdp_gather"],
-        "cuda_graphs": terms["cuda_graphs"],
-        "overhead": terms["overhead"],
-    }
-    idle_actor = {  # actor state left on the GPU outside update_actor
-        "weights": z if (i.param_offload or train_off_w) else terms["weights"],
-        "gradients": terms["gradients"] if (megatron and not i.param_offload) else z,
-        "optimizer": opt_idle,
-    }
-    rollout = {
-        "rollout": terms["rollout"],
-        **idle_actor,
-        "reference": terms["reference"] if ref_resident else z,
-        "cuda_graphs": terms["cuda_graphs"],
-        "overhead": terms["overhead"],
-    }
-    log_prob = {  # the actor's weights back for a forward pass; the optimizer stays where it is
-        "weights": z if train_off_w else terms["weights"],
-        "gradients": terms["gradients"] if (megatron and not i.param_offload) else z,
-        "optimizer": opt_idle,
-        "reference": terms["reference"] if ref_resident else z,
-        "activations": lp_layer / GIB,
-        "log_prob_logits": terms["log_prob_logits"],
-        "fsdp_gather": terms["fsdp_gather"] - (layer * GRAD_BYTES / GIB if (not megatron and full_ft) else 0.0),
-        "cuda_graphs": terms["cuda_graphs"],
-        "overhead": terms["overhead"],
-    }
-    phases = {"training": training, "rollout": rollout, "log_prob": log_prob}
-    if megatron and reference > 0 and i.ref_param_offload:
-        phases["reference"] = {
-            **idle_actor,
-            "reference": terms["reference"],
-            "activations": fwd_only / GIB,
-            "cuda_graphs": terms["cuda_graphs"],
-            "overhead": terms["overhead"],
-        }
-
+    gather_grad = state.layer * GRAD_BYTES / GIB if (not lay.megatron and full_ft) else 0.0
+    phases = _phases(i, terms, lay.megatron, fwd_only / GIB, lp_layer / GIB, gather_grad)
     sums = {k: sum(v.values()) for k, v in phases.items()}
     peak_phase = max(sums, key=lambda k: sums[k])
     total = sums[peak_phase]
-    largest = max(phases[peak_phase].items(), key=lambda kv: kv[1])[0]
-
-    host = 0.0
-    if i.param_offload or train_off_w:
-        host += terms["weights"] + (terms["gradients"] if megatron or train_off_w else 0.0)
-    host += terms["optimizer"] if i.optimizer_offload else terms["optimizer"] * cpu_share
-    if megatron and reference > 0 and i.ref_param_offload:
-        host += terms["reference"]
-    if not megatron and i.use_ref and full_ft:
-        host += g.total * i.dtype_bytes / W / GIB  # the CPU-resident FSDP reference shard
-
-    kv = None
-    if i.rollout_tp:
-        vllm_weights = (g.total + lora) * i.dtype_bytes / i.rollout_tp / GIB
-        kv = terms["rollout"] - vllm_weights - VLLM_WORKSPACE_GIB
-
-    notes: list[str] = []
-    if megatron:
-        if W % (tp * pp * cp):
-            notes.append(f"world size {W} is not divisible by tp*pp*cp = {tp * pp * cp}")
-        if s.is_moe and W % (etp * ep * pp):
-            notes.append(
-                f"world size {W} is not divisible by etp*ep*pp = {etp}*{ep}*{pp} = {etp * ep * pp}"
-                + (" (etp defaults to tp; set parallel.etp=1)" if i.etp is None and tp > 1 else "")
-            )
-    elif W % cp:
-        notes.append(f"world size {W} is not divisible by the Ulysses size {cp}")
-
+    kv = _rollout_kv(i, terms["rollout"])
     return MemoryEstimate(
-        notes=notes,
+        notes=_layout_notes(i, lay),
         terms=terms,
         phases=phases,
         total_gib=total,
         capacity_gib=capacity,
         fits=total <= capacity and (kv is None or kv > 0),
-        largest_term=largest,
+        largest_term=max(phases[peak_phase].items(), key=lambda kv_: kv_[1])[0],
         peak_phase=peak_phase,
-        host_gib=host,
+        host_gib=_host(i, terms, lay.megatron),
         rollout_kv_gib=kv,
     )
+
+
+def _layout(i: Inputs) -> _Layout:
+    """The sizes that apply to `i.backend`: TP, PP, EP and ETP mean nothing to FSDP."""
+    megatron = i.backend == "megatron"
+    tp = i.tp if megatron else 1
+    pp = min(i.pp, i.shape.num_hidden_layers) if megatron else 1
+    return _Layout(megatron=megatron, world=i.world_size, tp=tp, pp=pp, cp=i.cp,
+                   etp=(i.etp or tp) if megatron else 1, ep=i.ep if megatron else 1,
+                   layers_stage=math.ceil(i.shape.num_hidden_layers / pp))
+
+
+def _megatron_state(i: Inputs, lay: _Layout) -> _State:
+    """Megatron: a stage's layers (+ its embedding/lm_head) over TP, experts over ETP x EP; the distributed
+    optimizer shards further over the data-parallel ranks; a full fine-tune's reference is a bf16 copy."""
+    s, g = i.shape, param_groups(i.shape)
+    full_ft = i.lora_rank == 0
+    tp, pp = lay.tp, lay.pp
+    layer_dense = g.attention + g.dense_mlp + g.router + g.norms - s.hidden_size
+    embed_stage = g.embedding + g.lm_head if pp == 1 else max(g.embedding, g.lm_head or g.embedding)
+    dense_pg = (layer_dense / pp + embed_stage) / tp
+    expert_pg = g.experts / pp / (lay.etp * lay.ep)
+    base_pg = dense_pg + expert_pg
+    weights = base_pg * i.dtype_bytes
+    dp_dense = max(1.0, lay.world / (tp * pp))  # distributed optimizer shards over DP x CP
+    dp_expert = max(1.0, lay.world / (lay.etp * lay.ep * pp))
+    if full_ft:
+        train_pg = base_pg
+        optimizer = MEGATRON_OPT_BYTES * (dense_pg / dp_dense + expert_pg / dp_expert)
+    else:
+        train_pg = lora_trainable_params(s, i.lora_rank) / (tp * pp)
+        weights += train_pg * i.dtype_bytes
+        optimizer = MEGATRON_OPT_BYTES * train_pg / dp_dense
+    reference = base_pg * i.dtype_bytes if (i.use_ref and full_ft) else 0.0
+    return _State(weights=weights, gradients=GRAD_BYTES * train_pg, optimizer=optimizer, reference=reference)
+
+
+def _fsdp_state(i: Inputs) -> _State:
+    """FSDP (ZeRO-3): fp32 params, grads and two moments sharded over the world; the reference is on the CPU.
+    The unsharded working set is the root unit (embedding + lm_head) + 2 layers in flight (prefetch) in bf16,
+    + one layer's unsharded fp32 grads before reduce-scatter (full fine-tuning only)."""
+    s, g = i.shape, param_groups(i.shape)
+    lora = lora_trainable_params(s, i.lora_rank)
+    full_ft = i.lora_rank == 0
+    W = i.world_size
+    train = g.total if full_ft else lora
+    layer = (g.total - g.embedding - g.lm_head) / s.num_hidden_layers
+    gather = (g.embedding + g.lm_head + 2 * layer) * i.dtype_bytes + (layer * GRAD_BYTES if full_ft else 0)
+    return _State(weights=(g.total + lora) * i.fsdp_param_bytes / W, gradients=train * i.fsdp_param_bytes / W,
+                  optimizer=train * 2 * i.fsdp_param_bytes / W, reference=0.0,  # verl forces CPUOffload on it
+                  gather=gather, layer=layer)
+
+
+def _phases(i: Inputs, terms: dict[str, float], megatron: bool, fwd_only: float, lp_layer: float,
+            gather_grad: float) -> dict[str, dict[str, float]]:
+    """What sits on the GPU in each phase, GiB: an offloaded term counts 0 there (its size stays in `terms`).
+    `gather_grad` is the FSDP gather's gradient part, absent from a forward-only pass."""
+    cpu_share = min(1.0, max(0.0, float(i.train_offload)))
+    train_off_w = cpu_share > 0 and not megatron  # FSDP2 CPUOffloadPolicy: params+grads+optimizer
+    opt_gpu = terms["optimizer"] * (1.0 - cpu_share)  # Megatron's hybrid optimizer keeps the rest on the GPU
+    z = 0.0
+    opt_idle = z if i.optimizer_offload else opt_gpu
+    ref_resident = megatron and terms["reference"] > 0 and not i.ref_param_offload
+    ref = terms["reference"] if ref_resident else z
+    resident_grads = terms["gradients"] if (megatron and not i.param_offload) else z
+    fixed = {"cuda_graphs": terms["cuda_graphs"], "overhead": terms["overhead"]}
+    training = {
+        "weights": z if train_off_w else terms["weights"],
+        "gradients": z if train_off_w else terms["gradients"],
+        "optimizer": opt_gpu,
+        "reference": ref,
+        "activations": terms["activations"],
+        "fsdp_gather": terms["fsdp_gather"],
+        **fixed,
+    }
+    idle_actor = {  # actor state left on the GPU outside update_actor
+        "weights": z if (i.param_offload or train_off_w) else terms["weights"],
+        "gradients": resident_grads,
+        "optimizer": opt_idle,
+    }
+    rollout = {"rollout": terms["rollout"], **idle_actor, "reference": ref, **fixed}
+    log_prob = {  # the actor's weights back for a forward pass; the optimizer stays where it is
+        "weights": z if train_off_w else terms["weights"],
+        "gradients": resident_grads,
+        "optimizer": opt_idle,
+        "reference": ref,
+        "activations": lp_layer,
+        "log_prob_logits": terms["log_prob_logits"],
+        "fsdp_gather": terms["fsdp_gather"] - gather_grad,
+        **fixed,
+    }
+    phases = {"training": training, "rollout": rollout, "log_prob": log_prob}
+    if megatron and terms["reference"] > 0 and i.ref_param_offload:
+        phases["reference"] = {**idle_actor, "reference": terms["reference"], "activations": fwd_only, **fixed}
+    return phases
+
+
+def _host(i: Inputs, terms: dict[str, float], megatron: bool) -> float:
+    """Host RAM per GPU, GiB, held by offloaded state (and by FSDP's CPU-resident reference shard)."""
+    cpu_share = min(1.0, max(0.0, float(i.train_offload)))
+    train_off_w = cpu_share > 0 and not megatron
+    host = 0.0
+    if i.param_offload or train_off_w:
+        host += terms["weights"] + (terms["gradients"] if megatron or train_off_w else 0.0)
+    host += terms["optimizer"] if i.optimizer_offload else terms["optimizer"] * cpu_share
+    if megatron and terms["reference"] > 0 and i.ref_param_offload:
+        host += terms["reference"]
+    if not megatron and i.use_ref and i.lora_rank == 0:
+        host += param_groups(i.shape).total * i.dtype_bytes / i.world_size / GIB
+    return host
+
+
+def _rollout_kv(i: Inputs, rollout_gib: float) -> float | None:
+    """What vLLM's share leaves for the KV cache, GiB; None when the rollout's TP is unknown."""
+    if not i.rollout_tp:
+        return None
+    lora = lora_trainable_params(i.shape, i.lora_rank)
+    vllm_weights = (param_groups(i.shape).total + lora) * i.dtype_bytes / i.rollout_tp / GIB
+    return rollout_gib - vllm_weights - VLLM_WORKSPACE_GIB
+
+
+def _layout_notes(i: Inputs, lay: _Layout) -> list[str]:
+    """Layouts Megatron or verl would refuse (the numbers then assume the layout as given)."""
+    W, tp, pp, cp = lay.world, lay.tp, lay.pp, lay.cp
+    notes: list[str] = []
+    if lay.megatron:
+        if W % (tp * pp * cp):
+            notes.append(f"world size {W} is not divisible by tp*pp*cp = {tp * pp * cp}")
+        if i.shape.is_moe and W % (lay.etp * lay.ep * pp):
+            notes.append(
+                f"world size {W} is not divisible by etp*ep*pp = {lay.etp}*{lay.ep}*{pp} = {lay.etp * lay.ep * pp}"
+                + (" (etp defaults to tp; set parallel.etp=1)" if i.etp is None and tp > 1 else "")
+            )
+    elif W % cp:
+        notes.append(f"world size {W} is not divisible by the Ulysses size {cp}")
+    return notes
 
 
 def _activations(i: Inputs, tp: int, pp: int, cp: int, layers_stage: int, megatron: bool) -> tuple[float, float]:

@@ -1,7 +1,7 @@
-"""What verl 0.9.1 will move to the CPU, read from the keys main_ppo gets (recipe keys and passthrough keys alike),
+"""What the pinned verl will move to the CPU, read from the keys main_ppo gets (recipe keys and passthrough keys alike),
 so the memory estimate counts a flag typed as verl's own key exactly as it counts the recipe's `offload.*`.
 
-What each key does (read in verl 0.9.1 and megatron-core):
+What each key does (read in the pinned verl and megatron-core):
 
 * `actor.{megatron,fsdp_config}.param_offload` / `optimizer_offload` (recipe: offload.param / offload.optimizer):
   verl parks the state on the CPU while vLLM generates and loads it back for the update; the training peak stays.

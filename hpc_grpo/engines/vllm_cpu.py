@@ -6,7 +6,7 @@ same server runs with vLLM's CPU build, so those paths are exercised here instea
 
 `register` is loaded by vLLM itself in each of its processes (entry point group `vllm.general_plugins` in
 pyproject.toml). It changes nothing unless the launch set `ENABLE` (hpc-grpo's verl CPU mode with
-rollout.name=vllm), except one alias that verl 0.9.1 needs on vLLM 0.32 anywhere (GPU clusters too):
+rollout.name=vllm), except one alias that the pinned verl needs on vLLM 0.32 anywhere (GPU clusters too):
 - verl's LoRA path calls `WeightsMapper.get_unstacked_mapper`, which vLLM 0.32 renamed `get_rename_mapper`;
 - vLLM's CPU backend repacks each linear layer's weight into a oneDNN handle after loading and swaps
   `layer.weight` for an empty Parameter, so verl's weight updates fail ("'Parameter' object has no attribute

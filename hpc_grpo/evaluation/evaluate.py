@@ -29,17 +29,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpc_grpo.cluster import sbatch
+from hpc_grpo.config import registry
 from hpc_grpo.config.spec import Resources, RunSpec
+from hpc_grpo.config.steps import KNOWN_ROWS
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.runstate import layout
 
+GSM8K_TEST_ROWS = KNOWN_ROWS["gsm8k", "test"]  # published scores are over the whole test split
 MODEL_RESULT = "eval.json"  # `hpc-grpo eval --model`: OUT/eval.json (a run's results: runstate.layout)
 SOURCE_FILE = "source.json"  # written by `hpc-grpo data gsm8k`: where the raw question/answer files are
 # Where users get GSM8K question/answer files: the product's own command, never a folder only its developers have.
-GSM8K_RAW_HINT = ("`hpc-grpo data gsm8k` writes them: from the Hub into ~/hpc-grpo-data/gsm8k/raw/{split}.jsonl, "
+GSM8K_RAW_HINT = (f"`hpc-grpo data gsm8k` writes them: from the Hub into ${registry.DATA_ENV} (default "
+                  f"{registry.DEFAULT_DATA_ROOT})/gsm8k/raw/{{split}}.jsonl, "
                   "or --source DIR names your own DIR/{split}.jsonl")
 
-# GSM8K.md's reference table (instruct models, lm-eval gsm8k as reported by the Qwen2.5 blog, 2024-09).
+# Published GSM8K scores of the instruct models (lm-eval gsm8k, as the Qwen2.5 blog of 2024-09 reports them).
 PUBLISHED: dict[str, tuple[float, str]] = {
     "qwen2.5-0.5b-instruct": (49.6, "Qwen2.5 blog, 2024-09"),
     "qwen2.5-1.5b-instruct": (73.2, "Qwen2.5 blog, 2024-09"),
@@ -263,11 +267,11 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append(row("base", result["base"]["model"], task, base))
     pub = result.get("published")
     if pub:
-        rows.append({"what": "published", "model": pub["model"], "task": "gsm8k", "n": 1319,
+        rows.append({"what": "published", "model": pub["model"], "task": "gsm8k", "n": GSM8K_TEST_ROWS,
                      "strict": None, "flexible": pub["gsm8k"] / 100, "verl": None, "source": pub["source"]})
         if "grpo" in pub:
             g = pub["grpo"]
-            rows.append({"what": "published GRPO", "model": pub["model"], "task": "gsm8k (verl strict)", "n": 1319,
+            rows.append({"what": "published GRPO", "model": pub["model"], "task": "gsm8k (verl strict)", "n": GSM8K_TEST_ROWS,
                          "strict": None, "flexible": None, "verl": g["trained"] / 100, "source": g["source"]})
     return rows
 
@@ -360,7 +364,7 @@ class EvalJob:
 
 def dependency(after: str) -> str:
     """The eval job's dependency on training job `after`: afterany, not afterok. A training job that wrote its final
-    checkpoint and then failed (field report 004: W&B's teardown) is trained, and afterok would never start the
+    checkpoint and then failed (W&B's teardown has done that) is trained, and afterok would never start the
     evaluation (its dependency can never be satisfied). Slurm keeps one job id across requeues and resolves the
     dependency at that job's final end; the eval job then decides itself (--if-trained, hpc_grpo.runstate.trained)."""
     return sbatch.dependency(sbatch.AFTER_ANY, after)
@@ -369,6 +373,6 @@ def dependency(after: str) -> str:
 # ------------------------------------------------------------------------------------------- data
 def default_data_files() -> tuple[str, str] | None:
     """The raw GSM8K files `hpc-grpo data gsm8k` recorded in its default output folder, if any."""
-    root = Path(os.environ.get("HPC_GRPO_DATA", "~/hpc-grpo-data")).expanduser() / "gsm8k"
+    root = registry.data_root() / "gsm8k"
     src = _recorded_source(root / "trl" / "test.jsonl")
     return (str(src / "train.jsonl"), str(src / "test.jsonl")) if src else None

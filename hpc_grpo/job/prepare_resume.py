@@ -5,7 +5,7 @@ engines, before the engine starts: the newest COMPLETE checkpoint is where train
   never deleted, and never again in the way (trl's rotation would count them, verl would load them).
 - verl is pointed at the chosen folder with `trainer.resume_mode=resume_path trainer.resume_from_path=...`,
   or `trainer.resume_mode=disable` when there is none. Never `auto`: it crashes on an empty tracker and
-  silently restarts from step 0 on a missing one. verl 0.9.1 reads the tracker even in resume_path mode
+  silently restarts from step 0 on a missing one. The pinned verl reads the tracker even in resume_path mode
   (find_latest_ckpt_path runs first and int('') raises), so an unreadable or stale tracker is rewritten
   to the chosen step; the old content is kept in the history line.
 - What it did goes into history.jsonl as a "start" event of the job.

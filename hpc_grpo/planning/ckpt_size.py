@@ -1,6 +1,6 @@
 """The size of one checkpoint on disk: the one sizing rule plan, preflight and prune share.
 
-What verl 0.9.1 writes per `global_step_N/actor/` (checked against its checkpoint managers):
+What the pinned verl writes per `global_step_N/actor/` (checked against its checkpoint managers):
 
 * FSDP: per-rank `model_*.pt` shards of the actor's fp32 parameters (`fsdp_config.model_dtype=fp32`)
   and `optim_*.pt` with Adam's two fp32 moments: 4 + 8 = 12 B per parameter, no further master

@@ -48,8 +48,8 @@ def kept_checkpoints(spec: RunSpec) -> tuple[int, str]:
 def check_disk(spec: RunSpec, shape: ModelShape | None, root: Path, make: Callable[..., Finding] = warning,
                ) -> list[Finding]:
     """The checkpoints the retention policy keeps, plus the one being written, must fit in the free space of the
-    runs root (`root`: the nearest existing folder of it). Field report 004's run died at step 80 of 105 on a
-    full disk. Called by preflight: a warning in plan, an error at submit (`make`)."""
+    runs root (`root`: the nearest existing folder of it). A run that does not fit dies mid-way (the reference
+    GPU run of docs/benchmarks.md died at step 80 of 105 on a full disk). Called by preflight: a warning in plan, an error at submit (`make`)."""
     r = spec.recipe
     size = checkpoint_gib(spec, shape)
     count, how = kept_checkpoints(spec)

@@ -1,4 +1,5 @@
-"""Preflight: what must hold on the real machines before a job is queued (field report 004's pre-launch list).
+"""Preflight: what must hold on the real machines before a job is queued (what a GPU job otherwise finds
+out minutes in, or never).
 
 plan shows these as warnings (a login node may not see everything yet); submit makes every one an error, so a job
 that would die minutes in, or pend forever, is refused with nothing queued and nothing written. Checks:

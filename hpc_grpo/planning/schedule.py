@@ -1,15 +1,15 @@
 """The run's schedule before it is queued: how many steps, where checkpoints land, how big they
 are, and whether one lands before the job's first time limit.
 
-verl 0.9.1's arithmetic (trainer/ppo/ray_trainer.py): the train dataloader drops the last partial
+The pinned verl's arithmetic (trainer/ppo/ray_trainer.py): the train dataloader drops the last partial
 batch, so steps per epoch = rows // data.train_batch_size; total = that x total_epochs unless
 trainer.total_training_steps is set. A checkpoint is written when `save_freq > 0` and the step is a
 multiple of save_freq OR the last step. A run whose save_freq exceeds its length therefore writes
 only the final checkpoint: a time limit or a crash before the end loses everything.
 
-The step time is a rough two-term estimate calibrated on field report 004 (Qwen2.5-3B LoRA, 4x A100,
-1024 prompts x n 5, 512 + 1024 tokens): 105 steps took 6.5 h at n=5 and 11 h at n=10 before its last
-tuning, 6 h (~206 s/step) after. A fixed part scales with the parameters each GPU holds (weight sync to
+The step time is a rough two-term estimate calibrated on a GRPO-LoRA run of Qwen2.5-3B-Instruct on 4x A100
+(1024 prompts x n 5, 512 + 1024 tokens; docs/benchmarks.md, "Reference GPU run"): 105 steps took 6.5 h at n=5 and
+11 h at n=10 before its last tuning, 6 h (~206 s/step) after. A fixed part scales with the parameters each GPU holds (weight sync to
 vLLM, wake/sleep), a per-sample part with active parameters x tokens per GPU. Good to tens of percent.
 Stdlib only (pyarrow is used for the parquet footer only when it is importable).
 """
@@ -28,7 +28,7 @@ from hpc_grpo.engines import get_engine
 
 __all__ = ["Schedule", "estimate_step_s", "make_schedule", "schedule_findings"]
 
-# Calibration (report 004): 105 steps, n=5 -> 6.5 h, n=10 -> 11 h; the tuned n=5 run -> 6 h.
+# Calibration (the reference GPU run): 105 steps, n=5 -> 6.5 h, n=10 -> 11 h; the tuned n=5 run -> 6 h.
 _CAL_PARAMS_PER_GPU = 3.09e9 / 4
 _CAL_TOKENS_PER_GPU = 1024 * 5 * (512 + 1024) / 4
 _CAL_ACTIVE = 3.09e9

@@ -1,4 +1,4 @@
-"""Whether a checkpoint loads at the world size a job will run at. verl 0.9.1 does not reshard FSDP checkpoints: it
+"""Whether a checkpoint loads at the world size a job will run at. The pinned verl does not reshard FSDP checkpoints: it
 looks for model_world_size_<new>_rank_R.pt and the job dies at load, after its wait in the queue. `hpc-grpo resume`
 checks it before it submits (hpc_grpo.commands.resume) and the job again at its start (hpc_grpo.job.prepare_resume);
 the refusal names both ways out (resume at the saved size, or export and start a new run)."""
@@ -51,7 +51,7 @@ def new_run_command(spec: RunSpec, model_dir: Path) -> str:
 
 
 def check_world_size(spec: RunSpec, ckpt: ck.Checkpoint | None, before: RunSpec | None = None) -> None:
-    """Refuse to resume a verl FSDP checkpoint at another world size than it was saved at (verl 0.9.1 does not
+    """Refuse to resume a verl FSDP checkpoint at another world size than it was saved at (the pinned verl does not
     reshard: it looks for model_world_size_<new>_rank_R.pt and the job dies at load, after its wait in the queue).
     Megatron dist checkpoints reshard and trl saves whole weights: no refusal. `before`: the run's spec before
     this resume's overrides, whose shape the fix offers first. Used by `resume` and again in the job."""

@@ -5,7 +5,7 @@ resume preparation, status, prune-ckpts and eval read checkpoint folders only th
 on purpose (status and prune import it): no torch. A torch file is judged by its zip end record and
 central directory, a safetensors file by its header against its size, both without loading data.
 
-Layouts (verl 0.9.1, checked against its checkpoint managers; trl/transformers 5):
+Layouts (the pinned verl, checked against its checkpoint managers; trl/transformers 5):
 - verl FSDP: RUN/checkpoints/global_step_N/{data.pt, actor/{model,optim,extra_state}_world_size_W_rank_R.pt,
   actor/fsdp_config.json, actor/huggingface/, actor/lora_train_meta.json (LoRA)}. fsdp_config.json holds W
   but is not a completion marker (rank 0 writes it while other ranks may still be saving); data.pt is
@@ -435,7 +435,7 @@ def holds_adapter(folder: Path) -> bool:
 
 
 def fsdp_world_size(ckpt: Checkpoint) -> int | None:
-    """The world size a verl FSDP checkpoint was saved at: verl 0.9.1 loads `model_world_size_W_rank_R.pt` only
+    """The world size a verl FSDP checkpoint was saved at: the pinned verl loads `model_world_size_W_rank_R.pt` only
     for its own W (no resharding, verl issue #2265), so a resume must run at this size. None for other layouts
     (Megatron dist checkpoints reshard; trl saves whole weights) and for an FSDP folder without a readable W."""
     if ckpt.layout != "verl-fsdp":

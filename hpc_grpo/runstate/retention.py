@@ -15,16 +15,21 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.config.spec import Checkpoint
+
+_RECIPE = Checkpoint()  # the recipe's defaults: set once, in the spec; a Policy built in code takes the same
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    keep_last: int = 3
+    """What prune keeps; the defaults are the recipe's checkpoint section's (from_recipe for a run's own)."""
+
+    keep_last: int = _RECIPE.keep_last
     keep_every: int | None = None
     keep_best: str | None = None  # metric name (fnmatch pattern allowed)
     best_mode: str = "max"
     max_bytes: int | None = None
-    grace_s: float = 600.0
-    quarantine_s: float = 7 * 86400.0
+    grace_s: float = float(_RECIPE.grace_s)
+    quarantine_s: float = _RECIPE.quarantine_days * 86400.0
 
     @classmethod
     def from_recipe(cls, ckpt: Any, **overrides: Any) -> Policy:

@@ -177,7 +177,7 @@ def _read_holder(path: Path) -> LockHolder:
         rec = json.loads(text)
         return LockHolder(str(rec["host"]), int(rec["pid"]), str(rec["token"]), float(rec["expires"]))
     except (ValueError, KeyError, TypeError):
-        legacy = re.match(r"(\S+) pid (\d+)", text.strip())
+        legacy = re.match(r"(\S+) pid (\d+)", text.strip())  # the old record: a shim, see hpc_grpo/compat.py
         host, pid = (legacy[1], int(legacy[2])) if legacy else ("", 0)
         return LockHolder(host, pid, f"inode {st.st_ino} mtime {st.st_mtime_ns}", st.st_mtime + LEASE_S)
 

@@ -1,8 +1,8 @@
 """Whether a run is trained: what the evaluation job checks before it starts, and what `status` says.
 
 A run is trained when its training wrote train_done.json, or when its newest complete checkpoint is at the run's
-final step: field report 004's verl run saved its last checkpoint and then failed in W&B's teardown, and that
-policy is as trained as any. The eval job is queued `afterany` the training job (Slurm keeps one job id across
+final step: a verl run can save its last checkpoint and then fail in W&B's teardown, and that policy is as
+trained as any. The eval job is queued `afterany` the training job (Slurm keeps one job id across
 requeues, so the dependency resolves only at that job's final end) and asks this module first, so a job that ended
 before its last save (a failure, a time limit with no requeue left, a cancel) never gets a premature evaluation.
 Light on purpose (status imports it): no torch.

@@ -7,7 +7,7 @@ flexible scores on 5 GSM8K test problems, and the `lm_eval` CLI run by hand on t
 task gives the same numbers and the same generations. No stand-ins.
 
 afterany, not afterok: the eval job decides itself whether the run is trained (hpc_grpo.runstate.trained). Two more runs
-check that decision on real jobs: one whose training job fails after its final save (field report 004's W&B
+check that decision on real jobs: one whose training job fails after its final save (as after a W&B
 teardown error; here the final train_done.json write fails because that path is a folder) is evaluated and
 `status` says "trained ... then failed"; one cancelled mid-training is not evaluated, and its eval job ends at
 once instead of waiting forever on a dependency that can never be met (what afterok did).

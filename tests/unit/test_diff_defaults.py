@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.engines.verl_defaults import ABSENT, MISSING, Difference, diff_defaults
+from hpc_grpo.engines.verl_keys import VERL_VERSION
 from tests.cli_run import run_plan
 
 
@@ -21,7 +22,7 @@ def diff_of(tmp_path: Path, folder: Path, recipe: str, cluster: str, *extra: str
 def test_the_recipe_changes_verl_left_at_defaults_are_listed_with_their_recipe_key(verl_yamls, tmp_path) -> None:
     d = diff_of(tmp_path, verl_yamls, "qwen2.5-3b-gsm8k-lora", "a100-ib", "batch.train=512",
                 "actor_rollout_ref.actor.clip_ratio_high=0.28")
-    # the silent changes the issue names, each with what set it and where that came from
+    # silent changes a user would not see, each with what set it and where that came from
     assert (d["trainer.val_before_train"].default, d["trainer.val_before_train"].value) == (True, False)
     assert d["trainer.val_before_train"].why == "recipe key train.val_before_train (hpc-grpo's default)"
     assert (d["actor_rollout_ref.rollout.load_format"].default, d["actor_rollout_ref.rollout.load_format"].value) == \
@@ -84,7 +85,7 @@ def test_printed_lines_and_json(verl_yamls, isolated, monkeypatch, capsys) -> No
     keys = {d["key"]: d for d in got["keys"]}
     assert keys["trainer.device"] == {"key": "trainer.device", "default": "cuda", "value": "cpu",
                                       "why": "hpc-grpo CPU mode (verl CPU mode (no GPU given))", "interpolation": None}
-    assert got["note"] == f"{len(got['keys'])} verl keys differ from verl 0.9.1's defaults"
+    assert got["note"] == f"{len(got['keys'])} verl keys differ from verl {VERL_VERSION}'s defaults"
     _, plain = run_plan(monkeypatch, capsys, "recipe=tiny-verl", "--json", stdout_only=True)
     assert "diff_defaults" not in json.loads(plain)  # only when asked: it costs two Hydra composes
 

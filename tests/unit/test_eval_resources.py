@@ -22,7 +22,7 @@ from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.runstate import layout
 from tests.unit.test_golden import PAIRS
-from tests.unit.test_plan import header_matrix
+from tests.unit.test_recipe_matrix import shipped_verdicts
 
 # data_files() needs GSM8K files; their contents do not matter to where the evaluation runs
 DATA = ["eval.test_file=/data/gsm8k/test.jsonl", "eval.train_file=/data/gsm8k/train.jsonl"]
@@ -52,9 +52,9 @@ def lm_eval_args(spec) -> scoring.LmEvalArgs:
                               batch_size=s.batch_size, max_gen_toks=s.max_gen_toks)
 
 
-# Every shipped recipe x cluster pair whose plan is accepted (the recipe header lists the refused ones, and
-# test_plan holds each header to the plan's verdict): a refused pair has no eval job to check.
-PLANNED = [(r, c) for r, c in PAIRS if c not in header_matrix(r)[1]]
+# Every shipped recipe x cluster pair whose plan is accepted (docs/recipe-matrix.md, which test_recipe_matrix holds
+# to plan's verdict): a refused pair has no eval job to check.
+PLANNED = [(r, c) for r, c in PAIRS if shipped_verdicts()[r, c]]
 
 
 @pytest.mark.parametrize(("recipe", "cluster"), PLANNED, ids=[f"{r}__{c}" for r, c in PLANNED])

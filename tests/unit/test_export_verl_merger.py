@@ -1,4 +1,4 @@
-"""Export of a verl FSDP LoRA checkpoint through verl 0.9.1's REAL merger, checked by logits: merged == base + adapter.
+"""Export of a verl FSDP LoRA checkpoint through the pinned verl's REAL merger, checked by logits: merged == base + adapter.
 
 `python -m verl.model_merger merge --backend fsdp` runs in `.venv-verl` (full verl; it cannot share this venv,
 whose transformers is too new for verl), called by hpc_grpo.evaluation.export exactly as a run's evaluation calls it. Only the
@@ -50,7 +50,7 @@ def verl_python_or_fail() -> str:
 
 
 def write_verl_fsdp_lora_checkpoint(base: Path, ckpt: Path, seed: int) -> PeftModel:
-    """global_step_N/ as verl 0.9.1 saves a LoRA actor at world size 1; returns the peft model it holds."""
+    """global_step_N/ as the pinned verl saves a LoRA actor at world size 1; returns the peft model it holds."""
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32),
                            LoraConfig(r=R, lora_alpha=ALPHA, target_modules="all-linear", task_type="CAUSAL_LM"))
     gen = torch.Generator().manual_seed(seed)

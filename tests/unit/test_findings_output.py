@@ -1,4 +1,4 @@
-"""Issue 8, fault 9: off a terminal (pipes, CI logs) findings print as whole lines, never folded at 80 columns."""
+"""Off a terminal (pipes, CI logs) findings print as whole lines, never folded at 80 columns."""
 
 from __future__ import annotations
 

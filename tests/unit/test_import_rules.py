@@ -4,8 +4,8 @@ and every import statement counts, module-level and nested (inside a function, a
 1. No import cycle. A nested import breaks a cycle only at run time, so it does not count as broken here: the fix is
    to move what both modules need into the lower one.
 2. Layers, lowest first (LAYERS): a module imports only from its own layer or lower ones, never higher.
-3. The compatibility modules (COMPAT: old import paths kept for pickles in live runs' submitit folders and for
-   frozen verl overrides) import the new paths; nothing in hpc_grpo imports them.
+3. The compatibility modules (COMPAT, from hpc_grpo/compat.py's table: old import paths kept for pickles in live
+   runs' submitit folders and for frozen verl overrides) import the new paths; nothing in hpc_grpo imports them.
 
 `from hpc_grpo.x import y` where y is a module counts as importing hpc_grpo.x.y; `from hpc_grpo.x import name` counts
 as importing hpc_grpo.x (its __init__). A package's __init__ runs before its submodules whatever the code says, so
@@ -18,6 +18,8 @@ import ast
 from pathlib import Path
 
 import pytest
+
+from hpc_grpo import compat
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "hpc_grpo"
@@ -41,7 +43,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 PLACED: dict[str, tuple[str, str]] = {
     # hpc_grpo/__init__.py: only __version__ (config.resolve freezes it into spec.yaml, render prints it).
     PACKAGE: ("common", "holds only __version__"),
-    # verl's key tables (which keys are verl's, what field-report flags really are): plain data, importing nothing
+    # verl's key tables (which keys are verl's, what flags pasted from guides really are): plain data, importing nothing
     # of ours; config.resolve routes command-line overrides with them. Engine knowledge, so it lives in engines/.
     f"{PACKAGE}.engines.verl_keys": ("config", "verl's key tables, read by config.resolve to route overrides"),
     # Which profile a command means when none is typed; its last resort asks this machine's Slurm for its
@@ -52,8 +54,10 @@ PLACED: dict[str, tuple[str, str]] = {
     # states its memory rule.
     f"{PACKAGE}.job.code_sandbox": ("rewards", "the code reward's runner, standard library only"),
     f"{PACKAGE}.job.sandbox_kernel": ("rewards", "the sandbox's kernel settings, standard library only"),
+    # The table of compatibility shims (old names, what needs them, their end dates): plain data, importing nothing.
+    f"{PACKAGE}.compat": ("common", "the compatibility shims' table, plain data"),
 }
-COMPAT = frozenset({f"{PACKAGE}.submit", f"{PACKAGE}.evaluate", f"{PACKAGE}.code_reward", f"{PACKAGE}.rewards"})
+COMPAT = compat.modules()  # the module shims of hpc_grpo/compat.py's table
 
 Graph = dict[str, dict[str, int]]  # module -> {imported module: line of its first import}
 

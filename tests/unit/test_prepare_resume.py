@@ -1,4 +1,4 @@
-"""Resume preparation on checkpoint trees in verl 0.9.1's real layouts (written with torch.save): the
+"""Resume preparation on checkpoint trees in the pinned verl's real layouts (written with torch.save): the
 prepared resume points at the newest complete checkpoint, the verl arguments the launch script passes say
 so (composed with verl's own Hydra config), the broken one ends in quarantine, and nothing else moves."""
 
@@ -88,7 +88,7 @@ def test_prepared_resume_points_at_newest_complete(tmp_path: Path, layout: str, 
     # nothing else moved: the complete ones are byte- and time-identical, and nothing else is in checkpoints/
     assert {s: trees.tree_snapshot(run / "checkpoints" / f"global_step_{s}") for s in (2, 4)} == good
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["global_step_2", "global_step_4", ck.TRACKER]
-    # verl 0.9.1 reads the tracker even with resume_path (int('') raises): it now names the chosen step
+    # the pinned verl reads the tracker even with resume_path (int('') raises): it now names the chosen step
     assert ck.tracker_step(run) == 4
 
 

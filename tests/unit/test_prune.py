@@ -17,6 +17,7 @@ from hpc_grpo.runstate import leases, metrics, prune, retention
 from hpc_grpo.engines import get_engine
 from hpc_grpo.engines.trl import grpo_config_kwargs
 from hpc_grpo.config.resolve import resolve_spec
+from hpc_grpo.config.keys import rename_old_keys
 from hpc_grpo.runstate.runs import checkpoint_lock
 from hpc_grpo.config.spec import Checkpoint as CkptCfg
 from hpc_grpo.common.yamlio import SpecError, dump_yaml
@@ -36,9 +37,12 @@ def trl_run(root: Path, steps: list[int], *overrides: str) -> Path:
 
 
 # ------------------------------------------------------------------------------------ the recipe
-def test_old_keep_means_keep_last_and_new_keys_validate() -> None:
-    assert CkptCfg.model_validate({"keep": 2}).keep_last == 2
-    assert CkptCfg.model_validate({"keep": 2, "keep_last": 3}).keep_last == 3  # the new name wins (an override)
+def test_old_keep_is_renamed_where_files_are_read_and_new_keys_validate() -> None:
+    data, where = {"checkpoint": {"keep": 2}}, {"checkpoint.keep": "old.yaml:3"}
+    rename_old_keys(data, where)  # the one place the old name is handled (hpc_grpo/compat.py)
+    assert CkptCfg.model_validate(data["checkpoint"]).keep_last == 2 and where == {"checkpoint.keep_last": "old.yaml:3"}
+    with pytest.raises(ValueError, match="keep"):
+        CkptCfg.model_validate({"keep": 2})  # past the loaders the old name is unknown, like any other
     assert CkptCfg.model_validate({"max_bytes": "1.5G"}).max_bytes == int(1.5 * 2**30)
     assert CkptCfg.model_validate({"max_bytes": 4096}).max_bytes == 4096
     for bad in ("lots", "-3G", 0, True):

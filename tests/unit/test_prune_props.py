@@ -4,7 +4,7 @@ Trees hold whole and broken checkpoints (missing or truncated shard, cut manifes
 checkpoint folder (as a checkpoint entry and inside a checkpoint), a tracker naming any step (or garbage),
 leases and fresh mtimes. Checked on every tree: no protected checkpoint is removed, nothing outside the
 checkpoint folder changes, and what stays on disk is exactly what an independent statement of the policy
-keeps (written here from the issue's rules, not by calling retention.decide).
+keeps (written here from the documented rules, docs/guide.md, not by calling retention.decide).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def build(root: Path, t: dict) -> tuple[Path, Path, str]:
 
 
 def expected(run: Path, engine: str, t: dict, policy: retention.Policy) -> tuple[set[int], set[int]]:
-    """(kept steps, protected steps) from the issue's rules, on fully checked checkpoints."""
+    """(kept steps, protected steps) from the documented rules, on fully checked checkpoints."""
     full = {c.step: c for c in ck.list_checkpoints(run, engine)}
     complete = sorted(s for s, c in full.items() if c.complete)
     newest = complete[-1] if complete else None

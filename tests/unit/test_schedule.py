@@ -1,5 +1,5 @@
-"""Issue 8, fault 5: total steps, checkpoint steps and sizes, and the warnings for runs that would lose
-everything to a time limit or a crash (verl 0.9.1 saves at multiples of save_freq and at the last step)."""
+"""Total steps, checkpoint steps and sizes, and the warnings for runs that would lose
+everything to a time limit or a crash (the pinned verl saves at multiples of save_freq and at the last step)."""
 
 from __future__ import annotations
 

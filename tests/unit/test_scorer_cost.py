@@ -1,4 +1,4 @@
-"""The scorer's own cost, attacked (issue 24 item 4): every completion of 1 MB must cost the scoring process under
+"""The scorer's own cost, attacked: every completion of 1 MB must cost the scoring process under
 1 s of CPU and under 50 MB of memory, whatever it holds. The scorer runs in verl's reward threads and in trl's
 step, with the GIL: a completion that makes it spin or swell stalls the trainer, not just itself.
 

@@ -1,5 +1,5 @@
-"""Whether a run counts as trained (hpc_grpo.runstate.trained) on checkpoint trees in verl 0.9.1's and trl's real layouts
-(tests/ckpt_trees.py): train_done.json, the final checkpoint of a job that failed afterwards (field report 004),
+"""Whether a run counts as trained (hpc_grpo.runstate.trained) on checkpoint trees in the pinned verl's and trl's real layouts
+(tests/ckpt_trees.py): train_done.json, the final checkpoint of a job that failed afterwards (W&B's teardown can),
 a run that stopped short, a torn final save; the eval job's --if-trained gate; status's line; the afterany
 dependency the eval job is queued with."""
 

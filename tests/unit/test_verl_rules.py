@@ -1,5 +1,5 @@
-"""Issue 8, faults 3, 4 and 6: what the rendered verl call really runs, and the batch rules verl 0.9.1
-asserts on, each at the exact value its assertion fires (read in verl 0.9.1's own code:
+"""What the rendered verl call really runs, and the batch rules the pinned verl
+asserts on, each at the exact value its assertion fires (read in the pinned verl's own code:
 workers/engine_workers.py::train_mini_batch, utils/tensordict_utils.py::make_iterator,
 workers/engine/utils.py::prepare_micro_batches, workers/engine/megatron/transformer_impl.py)."""
 
@@ -29,7 +29,7 @@ def findings(recipe: str, *ov: str, key: str | None = None, severity: Severity =
     return [f for f in plan.findings if f.severity is severity and (key is None or f.key == key)]
 
 
-# ------------------------------------------------------------------------------------ fault 3
+# ------------------------------------------------------------------------------------ Megatron's recompute
 def test_megatron_recompute_is_rendered_as_megatron_reads_it() -> None:
     o = overrides("qwen2.5-7b-codegen")
     assert {k.rsplit(".", 1)[1]: v for k, v in o.items() if k.startswith(OTC + ".recompute")} == {
@@ -43,7 +43,7 @@ def test_megatron_without_recompute_renders_none_and_the_memory_model_follows() 
     on = run_plan(spec_of("qwen2.5-7b-codegen"), schema=False).memory
     off = run_plan(spec_of("qwen2.5-7b-codegen", "model.gradient_checkpointing=false"), schema=False).memory
     assert off.terms["activations"] > 4 * on.terms["activations"]
-    assert 70 < off.training_gib < 78 and on.training_gib < 50  # the issue: ~71 GiB, not 42, without recompute
+    assert 70 < off.training_gib < 78 and on.training_gib < 50  # ~71 GiB without recompute, not 42
 
 
 def test_fsdp_keeps_enable_gradient_checkpointing_and_no_megatron_keys() -> None:
@@ -68,7 +68,7 @@ def test_passthrough_recompute_is_refused_as_owned() -> None:
     assert any("model.gradient_checkpointing" in f.fix for f in plan.findings if f.severity is Severity.ERROR)
 
 
-# ------------------------------------------------------------------------------------ fault 4
+# ------------------------------------------------------------------------------------ rollout limits
 def test_rollout_limits_are_rendered() -> None:
     o = overrides("qwen2.5-3b-gsm8k-lora")
     assert o["actor_rollout_ref.rollout.max_model_len"] == "1536"  # 512 + 1024
@@ -96,7 +96,7 @@ def test_enforce_eager_drops_the_cuda_graph_pool() -> None:
     assert overrides("qwen2.5-3b-gsm8k-lora", "rollout.enforce_eager=true")["actor_rollout_ref.rollout.enforce_eager"] == "True"
 
 
-# ------------------------------------------------------------------------------------ fault 6
+# ------------------------------------------------------------------------------------ batch rules
 def test_dynamic_bsz_still_needs_mini_times_n_divisible_by_dp() -> None:
     # 7B codegen: 8 GPUs / TP 2 = DP 4, dynamic batch size. 63 x 5 = 315, 315 % 4 = 3: train_mini_batch asserts.
     bad = findings("qwen2.5-7b-codegen", "batch.train=252", "batch.mini=63", key="batch.mini")
@@ -131,7 +131,7 @@ def test_vpp_needs_micro_batches_divisible_by_the_group_size_not_vpp() -> None:
 
 
 def test_mini_batches_must_tile_the_train_batch() -> None:
-    # verl 0.9.1 does not pad: make_iterator asserts (train x n / DP) % (mini x n / DP) == 0
+    # the pinned verl does not pad: make_iterator asserts (train x n / DP) % (mini x n / DP) == 0
     bad = findings("qwen2.5-3b-gsm8k-lora", "batch.mini=384", key="batch.mini")
     assert bad and "not a multiple of ppo_mini_batch_size 384" in bad[0].message
     over = findings("qwen2.5-7b-codegen", "batch.mini=512", key="batch.mini")  # dynamic bsz skips verl's start-up check

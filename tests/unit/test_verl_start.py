@@ -1,8 +1,8 @@
-"""What a verl job needs to start (issue 8), checked on the rendered files; the real start is tests/slurm/test_verl_main_ppo.py.
+"""What a verl job needs to start, checked on the rendered files; the real start is tests/slurm/test_verl_main_ppo.py.
 
-- fault 1: no `ray_kwargs.ray_init.num_cpus` for a driver that joins the job's Ray; the CPUs go on `ray start --num-cpus`,
-  raised to what verl 0.9.1's placement groups reserve (3 per GPU) plus its controller actors;
-- fault 2: one interpreter, frozen in spec.yaml, for submitit's srun line, Ray's CLI, the join wait, the probe and
+- no `ray_kwargs.ray_init.num_cpus` for a driver that joins the job's Ray; the CPUs go on `ray start --num-cpus`,
+  raised to what the pinned verl's placement groups reserve (3 per GPU) plus its controller actors;
+- one interpreter, frozen in spec.yaml, for submitit's srun line, Ray's CLI, the join wait, the probe and
   the drivers; its precedence: setup.python, <setup.venv>/bin/python, conda/container python3, the submitter's;
 - Slurm's ROCR_VISIBLE_DEVICES is dropped when it only repeats CUDA_VISIBLE_DEVICES (verl refuses both;
   hpc_grpo.job.node_plan.node_environ), and Ray's log monitor stays on (without it verl's per-step output never reaches the job log).
@@ -40,7 +40,7 @@ def spec_of(recipe: str, cluster: str = "slurm-dev", *overrides: str):
     return resolve_spec(recipe, cluster, ["cluster.runs_root=/runs", *overrides], run_name="t", now=0.0)
 
 
-# ------------------------------------------------------------------------------------------ fault 1
+# ------------------------------------------------------------------------------------------ the driver's Ray CPUs
 @pytest.mark.parametrize("recipe", VERL_RECIPES)
 def test_driver_gets_no_ray_cpu_count(recipe: str) -> None:
     spec = spec_of(recipe)
@@ -75,7 +75,7 @@ def test_more_slurm_cpus_than_verl_needs_are_all_offered() -> None:
     assert ray_cpus_per_node(spec) == 96
 
 
-# ------------------------------------------------------------------------------------------ fault 2
+# ------------------------------------------------------------------------------------------ one interpreter
 def test_interpreter_precedence() -> None:
     assert job_python(Setup(python="/opt/py/bin/python3.11", venv="/v", conda="c")) == "/opt/py/bin/python3.11"
     assert job_python(Setup(venv="/sw/venvs/hpc")) == "/sw/venvs/hpc/bin/python"
@@ -116,7 +116,7 @@ def test_every_in_job_step_runs_the_frozen_interpreter(recipe: str, cluster: str
         assert re.search(r'^exec "\$python" -m hpc_grpo\.job\.verl_node ', launch, re.M), launch
 
 
-# ------------------------------------------------------------------------------------------ fault 5: real-run findings
+# ------------------------------------------------------------------------------------------ the job's environment
 @pytest.mark.parametrize("rocr,cuda,kept", [
     ("0,1,2,3", "0,1,2,3", None),        # Slurm's copy where gres.conf names no vendor: dropped
     ("0,1", "0,1,2,3", "0,1"),           # a real AMD setting differs: kept

@@ -1,4 +1,4 @@
-"""Run by tests/unit/test_verl_cpu.py in `.venv-verl` (full verl 0.9.1): what verl sees with hpc-grpo's CPU plugin
+"""Run by tests/unit/test_verl_cpu.py in `.venv-verl` (the full pinned verl): what verl sees with hpc-grpo's CPU plugin
 loaded, and what the HF rollout server samples before and after a LoRA update. Prints one JSON object."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Run by tests/unit/test_verl_runtime_parity.py in `.venv-verl` (full verl 0.9.1 with torch): verl's own runtime
+"""Run by tests/unit/test_verl_runtime_parity.py in `.venv-verl` (the full pinned verl with torch): verl's own runtime
 verdict on a rendered override list, without GPUs or Ray. Reads {"config_name", "cases": {name: overrides}} as
 JSON from stdin and prints {name: verdict} as one JSON line.
 
