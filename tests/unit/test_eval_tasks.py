@@ -116,7 +116,7 @@ def test_plan_says_which_tasks_the_eval_job_runs(recipe: str, words: list[str], 
         cli.main()
     data = json.loads(capsys.readouterr().out)
     assert data["eval"]["tasks"] == spec_of(recipe, isolated).recipe.eval.tasks
-    assert data["eval"]["gsm8k_files"] is evaluate.needs_gsm8k(data["eval"]["tasks"])
+    assert data["eval"]["data_files"] is evaluate.needs_files(data["eval"]["tasks"])
 
 
 def test_disabled_and_local_evaluations_are_described(isolated: Path) -> None:

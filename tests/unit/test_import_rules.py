@@ -52,6 +52,10 @@ PLACED: dict[str, tuple[str, str]] = {
     # states its memory rule.
     f"{PACKAGE}.job.code_sandbox": ("rewards", "the code reward's runner, standard library only"),
     f"{PACKAGE}.job.sandbox_kernel": ("rewards", "the sandbox's kernel settings, standard library only"),
+    # The reward and eval-task registries: plain data and import paths as strings, importing nothing of ours;
+    # config.spec validates grpo.reward and eval.tasks against them, engines and plan read them.
+    f"{PACKAGE}.rewards.registry": ("config", "the reward registry, plain data read by config.spec"),
+    f"{PACKAGE}.evaluation.tasks": ("config", "the eval-task registry, plain data read by config.spec"),
 }
 COMPAT = frozenset({f"{PACKAGE}.submit", f"{PACKAGE}.evaluate", f"{PACKAGE}.code_reward", f"{PACKAGE}.rewards"})
 
