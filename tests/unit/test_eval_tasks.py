@@ -44,7 +44,7 @@ def test_every_shipped_recipe_without_eval_tasks_follows_its_reward(name: str, i
     if (raw.get("eval") or {}).get("tasks") is None:
         assert r.eval.tasks == default_eval_tasks(r.grpo.reward), (name, r.eval.tasks)
     if r.grpo.reward == "code_exec":
-        assert not evaluate.needs_gsm8k(r.eval.tasks), (name, r.eval.tasks)
+        assert not evaluate.needs_files(r.eval.tasks), (name, r.eval.tasks)
 
 
 @pytest.mark.parametrize("name", CODEGEN)
