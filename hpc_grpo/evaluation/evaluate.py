@@ -264,8 +264,10 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     who = f"step {result['step']}" if result.get("step") is not None else "model"
     def row(what: str, model: str, task: str, s: dict[str, Any]) -> dict[str, Any]:
+        labels = eval_tasks.get(task).metrics if task in eval_tasks.names() else ()
         return {"what": what, "model": model, "task": task, "n": s["n"], "strict": s.get("strict_match"),
-                "flexible": s.get("flexible_extract"), "verl": s.get("verl_strict_reward"), "pass@1": s.get("pass@1")}
+                "flexible": s.get("flexible_extract"), "verl": s.get("verl_strict_reward"), "pass@1": s.get("pass@1"),
+                "metrics": {label: s.get(key) for key, label in labels}}
 
     for task, s in result["scores"].items():
         rows.append(row(who, result["model"], task, s))
