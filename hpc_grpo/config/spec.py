@@ -164,8 +164,7 @@ class Grpo(Strict):
     entropy_coeff: float = Field(default=0.0, ge=0)
     norm_adv_by_std: bool = True
     temperature: float = Field(default=1.0, gt=0)
-    reward: str = Field(default="gsm8k_strict", description="a name of hpc_grpo/rewards/registry.py "
-                        "(gsm8k_strict, gsm8k_flexible, code_exec, math_boxed)")
+    reward: str = Field(default="gsm8k_strict", description="a reward's name in hpc_grpo/rewards/registry.py")
     format_score: float = Field(default=0.0, ge=0, le=1, description="reward for a parsable but wrong answer")
     code: CodeReward = Field(default_factory=CodeReward)
 
@@ -322,9 +321,10 @@ class Eval(Strict):
                                                   "hf on the CPU otherwise (evaluate.eval_resources)")
     batch_size: int = Field(default=8, gt=0)
     max_gen_toks: int | None = Field(default=None, gt=0, description="None: the task's own (256)")
-    test_file: str | None = Field(default=None, description="GSM8K test jsonl (question/answer); default: "
-                                  "test.jsonl beside data.val_files' raw source, see evaluate.data_files")
-    train_file: str | None = Field(default=None, description="GSM8K train jsonl for the few-shot examples")
+    test_file: str | None = Field(default=None, description="the lm-eval task's test jsonl (GSM8K: question/answer, "
+                                  "MATH: problem/solution); default: test.jsonl beside data.val_files' raw source, "
+                                  "see evaluate.data_files")
+    train_file: str | None = Field(default=None, description="its train jsonl, for the few-shot examples")
     tp: int | None = Field(default=None, gt=0, description="vLLM tensor parallel size, dividing the eval GPUs "
                            "(None: parallel.rollout_tp); the other GPUs hold data-parallel replicas")
     gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
