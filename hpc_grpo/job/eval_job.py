@@ -43,8 +43,9 @@ def log(message: str) -> None:
 
 
 def score_model(model_dir: str | Path, settings: EvalSettings, task_dir: Path) -> dict[str, Any]:
-    """One HF folder on every task: lm-eval's tasks (GSM8K, MATH) through lm-eval, humaneval through hpc_grpo.evaluation.humaneval (the training
-    reward's sandboxed executor, pass@1); scores per task, timing and throughput."""
+    """One HF folder on every task: lm-eval's tasks (GSM8K, MATH) through lm-eval, humaneval through
+    hpc_grpo.evaluation.humaneval (the training reward's sandboxed executor, pass@1); scores per task, timing and
+    throughput."""
     lm_tasks = lm_eval_tasks(settings.tasks)
     result: dict[str, Any] = {"model": str(model_dir), "scores": {}, "wall_time_s": 0.0,
                               "settings": settings.as_dict()}
