@@ -51,6 +51,7 @@ app.command("eval-code")(eval_cmds.eval_code)
 app.command("import")(import_cmds.import_cmd)
 data_app.command("gsm8k")(data_cmds.data_gsm8k)
 data_app.command("codegen")(data_cmds.data_codegen)
+data_app.command("math")(data_cmds.data_math)
 model_app.command("tiny")(data_cmds.model_tiny)
 
 

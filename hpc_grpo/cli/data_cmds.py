@@ -1,4 +1,4 @@
-"""`hpc-grpo data gsm8k`, `data codegen` and `model tiny`: data sets and a local model, written and listed."""
+"""`hpc-grpo data gsm8k`, `data codegen`, `data math` and `model tiny`: data sets and a local model, written and listed."""
 
 from __future__ import annotations
 
@@ -41,6 +41,24 @@ def data_codegen(
     result = prepare_codegen(src, (out_dir or data_root() / "codegen").expanduser(), test_every, max_prompt_tokens, tokenizer)
     out.print(f"code problems from {result.source}: {result.n_train} train, {result.n_test} test rows"
               + (f", {result.dropped_overlong} overlong prompts dropped" if result.dropped_overlong else ""))
+    for p in (result.verl_train, result.verl_test, result.trl_train, result.trl_test):
+        out.print(f"  {p}")
+
+
+def data_math(
+    source: Annotated[str, typer.Option("--from", help="MATH-style jsonl or parquet (problem + solution or answer), "
+                                                         "or 'tiny' (the 30 shipped problems)")] = "tiny",
+    out_dir: Annotated[Path, typer.Option("--out", help="output folder")] = Path("~/hpc-grpo-data/math"),
+    test: Annotated[str | None, typer.Option("--test", help="a separate test file (default: split --from)")] = None,
+    test_every: Annotated[int, typer.Option(help="without --test: every N-th row goes to the test split "
+                                                 "(0: test = train)")] = 4,
+) -> None:
+    """Write MATH problems in verl's parquet format, the trl engine's jsonl format, and lm-eval's rows."""
+    from hpc_grpo.data.math import SHIPPED_PROBLEMS, prepare_math
+
+    src = str(SHIPPED_PROBLEMS) if source == "tiny" else source
+    result = prepare_math(src, out_dir.expanduser(), test, test_every)
+    out.print(f"MATH problems from {result.source}: {result.n_train} train, {result.n_test} test rows")
     for p in (result.verl_train, result.verl_test, result.trl_train, result.trl_test):
         out.print(f"  {p}")
 

@@ -23,11 +23,15 @@ def print_eval_rows(results: list[dict[str, Any]]) -> None:
 
     for result in results:
         t = Table(title=f"Evaluation: {result.get('run_name') or result['model']}")
-        for col in ("", "model", "task", "n", "strict-match", "flexible-extract", "verl strict", "pass@1"):
+        rows = table_rows(result)
+        shown = {"strict", "flexible", "verl strict", "pass@1"}  # the fixed columns' labels (the task registry's)
+        extra = list(dict.fromkeys(k for r in rows for k in r.get("metrics", {}) if k not in shown))
+        for col in ("", "model", "task", "n", "strict-match", "flexible-extract", "verl strict", "pass@1", *extra):
             t.add_column(col, overflow="fold")
-        for row in table_rows(result):
+        for row in rows:
             t.add_row(row["what"], row["model"], row["task"], str(row["n"]), pct(row["strict"]),
-                      pct(row["flexible"]), pct(row["verl"]), pct(row.get("pass@1")))
+                      pct(row["flexible"]), pct(row["verl"]), pct(row.get("pass@1")),
+                      *(pct(row.get("metrics", {}).get(k)) for k in extra))
         out.print(t)
         rate = result.get("problems_per_s")
         out.print(f"wall time {result['wall_time_s']:.1f} s, {rate if rate is not None else '-'} problems/s; "

@@ -25,7 +25,7 @@ from hpc_grpo.evaluation.evaluate import (
     default_data_files,
     job_argv,
     load_results,
-    needs_gsm8k,
+    needs_files,
 )
 
 
@@ -58,7 +58,7 @@ def eval_run(run_dir: Path, steps: list[int], all_kept: bool, tasks: list[str] |
     spec = load_frozen(layout.spec_file(run_dir))
     if tasks:
         check_tasks(tasks)
-    if needs_gsm8k(tasks or spec.recipe.eval.tasks):
+    if needs_files(tasks or spec.recipe.eval.tasks):
         data_files(spec)  # a missing data file is an input error now, not a failed job later
     argv = job_argv(run_dir, steps, all_kept, tasks, limit)
     if here is None:
@@ -82,7 +82,7 @@ def eval_model(model: str, out: Path, tasks: list[str] | None, limit: int | None
     """`hpc-grpo eval --model PATH`: any HF folder (the base model, an export), scored here."""
     if tasks:
         check_tasks(tasks)
-    if not needs_gsm8k(tasks or ["gsm8k"]):
+    if not needs_files(tasks or ["gsm8k"]):
         train_file, test_file = "", ""
     elif not (train_file and test_file):
         found = default_data_files()
@@ -90,7 +90,7 @@ def eval_model(model: str, out: Path, tasks: list[str] | None, limit: int | None
             raise SpecError("no GSM8K files: pass --test-file and --train-file (question/answer jsonl: "
                             f"{GSM8K_RAW_HINT.format(split='test')})", key="test-file")
         train_file, test_file = train_file or found[0], test_file or found[1]
-    for f in (train_file, test_file) if needs_gsm8k(tasks or ["gsm8k"]) else ():
+    for f in (train_file, test_file) if needs_files(tasks or ["gsm8k"]) else ():
         if not Path(f).is_file():
             raise SpecError(f"{f} does not exist: pass a GSM8K jsonl with question/answer rows", key="test-file")
     if not (Path(model) / "config.json").is_file():

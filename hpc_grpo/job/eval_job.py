@@ -27,7 +27,8 @@ from hpc_grpo.runstate import layout, runs
 from hpc_grpo.cluster.job_env import job_identity
 from hpc_grpo.evaluation.evaluate import EvalSettings
 from hpc_grpo.common.atomic import write_json_atomic
-from hpc_grpo.config.spec import GSM8K_TASKS, RunSpec
+from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.evaluation.tasks import lm_eval_tasks
 
 
 class EvalError(RuntimeError):
@@ -42,9 +43,10 @@ def log(message: str) -> None:
 
 
 def score_model(model_dir: str | Path, settings: EvalSettings, task_dir: Path) -> dict[str, Any]:
-    """One HF folder on every task: GSM8K through lm-eval, humaneval through hpc_grpo.evaluation.humaneval (the training
-    reward's sandboxed executor, pass@1); scores per task, timing and throughput."""
-    lm_tasks = [t for t in settings.tasks if t in GSM8K_TASKS]
+    """One HF folder on every task: lm-eval's tasks (GSM8K, MATH) through lm-eval, humaneval through
+    hpc_grpo.evaluation.humaneval (the training reward's sandboxed executor, pass@1); scores per task, timing and
+    throughput."""
+    lm_tasks = lm_eval_tasks(settings.tasks)
     result: dict[str, Any] = {"model": str(model_dir), "scores": {}, "wall_time_s": 0.0,
                               "settings": settings.as_dict()}
     if lm_tasks:
@@ -248,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks = evaluate.check_tasks(args.tasks.split(",")) if args.tasks else None
     try:
         if args.model:
-            if evaluate.needs_gsm8k(tasks or ["gsm8k"]) and not (args.train_file and args.test_file):
+            if evaluate.needs_files(tasks or ["gsm8k"]) and not (args.train_file and args.test_file):
                 raise EvalError("--model needs --train-file and --test-file (GSM8K question/answer jsonl)")
             evaluate_model(args.model, args.out, tasks, args.limit, args.train_file or "", args.test_file or "",
                            num_fewshot=args.num_fewshot, max_gen_toks=args.max_gen_toks)

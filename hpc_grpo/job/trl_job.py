@@ -34,6 +34,7 @@ from hpc_grpo.job import disk, prepare_resume, save_signal
 from hpc_grpo.runstate.prune import job_prune
 from hpc_grpo.runstate import save_request
 from hpc_grpo.config.spec import RunSpec
+from hpc_grpo.rewards import registry as rewards
 
 ENGINE = TrlEngine.name  # this job trains trl runs only; its checkpoints, disk reserve and resume are trl's
 
@@ -206,16 +207,8 @@ def filter_prompts(ds: Any, tokenizer: Any, spec: RunSpec, model_path: str) -> A
 
 
 def reward_function(spec: RunSpec) -> Any:
-    """The recipe's reward for trl: GSM8K's scorer, or the execution reward over the job's CPUs."""
-    g = spec.recipe.grpo
-    if g.reward == "code_exec":
-        from hpc_grpo.rewards.code import RewardWeights, make_trl_code_reward
-
-        workers = spec.recipe.resources.cpus_per_task or len(os.sched_getaffinity(0))
-        return make_trl_code_reward(RewardWeights(**g.code.model_dump()), workers=workers)
-    from hpc_grpo.rewards.gsm8k import make_trl_reward
-
-    return make_trl_reward(g.reward.removeprefix("gsm8k_"), g.format_score)
+    """The recipe's reward for trl, built by its registry entry's factory."""
+    return rewards.trl_reward(spec.recipe)
 
 
 def build_grpo_config(kwargs: dict[str, Any]) -> Any:
@@ -304,7 +297,7 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
     if done is not None:
         return done
 
-    if spec.recipe.grpo.reward == "code_exec":  # before any heavy import: a refusal costs a second
+    if rewards.get(spec.recipe.grpo.reward).runs_code:  # before any heavy import: a refusal costs a second
         from hpc_grpo.cluster import isolation
 
         try:
@@ -331,14 +324,13 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=spec.recipe.model.trust_remote_code)
     dataset = filter_prompts(load_train_dataset(spec), tokenizer, spec, model_path)
-    if spec.recipe.grpo.reward == "code_exec":
-        from hpc_grpo.rewards.code import parse_ground_truth
-
+    entry = rewards.get(spec.recipe.grpo.reward)
+    if entry.ground_truth_check is not None:
         try:
-            parse_ground_truth(dataset[0]["ground_truth"])
+            rewards.load(entry.ground_truth_check)(dataset[0]["ground_truth"])
         except (ValueError, TypeError) as exc:
-            raise JobError(f"grpo.reward=code_exec but {spec.recipe.data.train_files} holds no code tests ({exc}): "
-                           "prepare it with `hpc-grpo data codegen`") from None
+            raise JobError(f"grpo.reward={entry.name} but {spec.recipe.data.train_files} holds rows it cannot score "
+                           f"({exc}): prepare it with `hpc-grpo data {entry.data_command}`") from None
 
     trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal)
     result = run_trainer(trainer, spec, resume)

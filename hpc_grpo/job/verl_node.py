@@ -33,6 +33,7 @@ from types import FrameType
 from hpc_grpo.runstate.layout import SPEC_FILE, StateFiles, state_files, verl_log
 from hpc_grpo.job import driver_watch, node_plan, proc_tree
 from hpc_grpo.cluster.job_env import JobEnvError, NodeLayout, node_layout
+from hpc_grpo.rewards import registry as rewards
 
 WORKERS_STOPPED_S = 15.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -244,7 +245,7 @@ def run_worker(o: Options, layout: NodeLayout) -> int:
 
 
 def code_sandbox_line(spec_path: Path) -> str | None:
-    """This node's code sandbox, for the job log (grpo.reward=code_exec only; the reward runs on any node).
+    """This node's code sandbox, for the job log (a reward that runs code only; the reward runs on any node).
     Raises IsolationRefused where grpo.code.isolation=auto finds no namespaces here."""
     from hpc_grpo.config.resolve import load_frozen
     from hpc_grpo.common.yamlio import SpecError
@@ -254,7 +255,7 @@ def code_sandbox_line(spec_path: Path) -> str | None:
     except (OSError, SpecError) as exc:  # the reward itself still probes and refuses, on every call
         log(f"code sandbox: not checked at start ({spec_path}: {exc})", err=True)
         return None
-    if spec.recipe.grpo.reward != "code_exec":
+    if not rewards.get(spec.recipe.grpo.reward).runs_code:
         return None
     from hpc_grpo.cluster import isolation
 

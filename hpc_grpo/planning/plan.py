@@ -22,6 +22,7 @@ from hpc_grpo.planning.lora_targets import check_lora_targets
 from hpc_grpo.planning.resources import check_resources
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.spec import Acceptance, RunSpec
+from hpc_grpo.rewards import registry as rewards
 
 # Checks whose findings are estimates, not rules an engine enforces: only their errors can be accepted (--accept).
 ACCEPTABLE = {"memory": "the per-GPU memory estimate (rough by design: good to tens of percent)"}
@@ -70,7 +71,7 @@ def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
     e = spec.recipe.eval
     if not e.enabled:
         return []
-    from hpc_grpo.evaluation.evaluate import data_files, eval_resources, needs_gsm8k
+    from hpc_grpo.evaluation.evaluate import data_files, eval_resources, needs_files
 
     out: list[Finding] = []
     try:
@@ -87,7 +88,7 @@ def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
         out.append(error("eval.resources.time", f"{e.resources.time} is over the cluster's limit {spec.cluster.time_max}",
                          "lower eval.resources.time or eval.limit"))
     try:
-        if needs_gsm8k(e.tasks):
+        if needs_files(e.tasks):
             data_files(spec)
     except SpecError as exc:
         out.append((error if for_submit else warning)(exc.key or "eval.test_file", exc.message,
@@ -98,7 +99,7 @@ def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
 def runs_policy_code(spec: RunSpec) -> bool:
     """The run executes model-written code: the execution reward, or a HumanEval evaluation."""
     e = spec.recipe.eval
-    return spec.recipe.grpo.reward == "code_exec" or (e.enabled and "humaneval" in e.tasks)
+    return rewards.get(spec.recipe.grpo.reward).runs_code or (e.enabled and "humaneval" in e.tasks)
 
 
 def nodes_are_this_machine(spec: RunSpec) -> bool:

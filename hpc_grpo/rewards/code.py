@@ -353,3 +353,8 @@ def make_trl_code_reward(weights: RewardWeights = RewardWeights(), workers: int 
 
     code_exec.__name__ = "code_exec"
     return code_exec
+
+
+def make_trl_reward(workers: int | None = None, **weights: Any) -> Callable[..., list[float]]:
+    """The registry's trl factory: RewardWeights fields by name (grpo.code), the job's CPUs as workers."""
+    return make_trl_code_reward(RewardWeights(**weights), workers=workers or len(os.sched_getaffinity(0)))

@@ -70,7 +70,7 @@ def test_gpus_asked_of_slurm_are_the_gpus_lm_eval_uses(recipe: str, cluster: str
     assert settings.placement.device == ("cuda" if asked > 0 else "cpu")
     if args.model == "hf":
         assert args.device == settings.placement.device
-    if spec.gpus_per_node > 0 and spec.recipe.eval.backend is None and evaluate.needs_gsm8k(spec.recipe.eval.tasks):
+    if spec.gpus_per_node > 0 and spec.recipe.eval.backend is None and evaluate.needs_files(spec.recipe.eval.tasks):
         # a GPU run evaluates GSM8K with vLLM on one training node's GPUs, TP from the rollout
         assert (args.model, asked) == ("vllm", spec.gpus_per_node)
         assert args.model_args["tensor_parallel_size"] == spec.recipe.parallel.rollout_tp

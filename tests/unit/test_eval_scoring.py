@@ -125,7 +125,7 @@ def test_task_score_folds_filters_and_computes_verl_reward() -> None:
     for name, resp, ok in (("strict-match", "3", 0.0), ("flexible-extract", "1,200", 1.0)):
         samples.append({"doc_id": 0, "doc": doc, "target": doc["answer"], "resps": [["#### 3 no #### 1,200"]],
                         "filtered_resps": [resp], "filter": name, "exact_match": ok})
-    score = scoring.task_score({"exact_match,strict-match": 0.0, "exact_match,flexible-extract": 1.0}, samples)
+    score = scoring.gsm8k_scores({"exact_match,strict-match": 0.0, "exact_match,flexible-extract": 1.0}, samples)
     assert score["n"] == 1 and score["strict_match"] == 0.0 and score["flexible_extract"] == 1.0
     row = score["samples"][0]
     assert row["target"] == "1200" and row["strict_answer"] == "3" and row["flexible_answer"] == "1,200"

@@ -44,7 +44,7 @@ def test_every_shipped_recipe_without_eval_tasks_follows_its_reward(name: str, i
     if (raw.get("eval") or {}).get("tasks") is None:
         assert r.eval.tasks == default_eval_tasks(r.grpo.reward), (name, r.eval.tasks)
     if r.grpo.reward == "code_exec":
-        assert not evaluate.needs_gsm8k(r.eval.tasks), (name, r.eval.tasks)
+        assert not evaluate.needs_files(r.eval.tasks), (name, r.eval.tasks)
 
 
 @pytest.mark.parametrize("name", CODEGEN)
@@ -116,7 +116,7 @@ def test_plan_says_which_tasks_the_eval_job_runs(recipe: str, words: list[str], 
         cli.main()
     data = json.loads(capsys.readouterr().out)
     assert data["eval"]["tasks"] == spec_of(recipe, isolated).recipe.eval.tasks
-    assert data["eval"]["gsm8k_files"] is evaluate.needs_gsm8k(data["eval"]["tasks"])
+    assert data["eval"]["data_files"] is evaluate.needs_files(data["eval"]["tasks"])
 
 
 def test_disabled_and_local_evaluations_are_described(isolated: Path) -> None:
