@@ -34,6 +34,9 @@ class Read:
     key: str
     path: Path
     folder: bool  # the mount to suggest: the path itself (a folder) or its parent (a file)
+    # False: the image may hold it at that path (a warning, not an error), and why it matters
+    must: bool = True
+    note: str = ""
 
 
 def _local_model(path: str) -> bool:
@@ -62,17 +65,36 @@ def paths_read(spec: RunSpec) -> list[Read]:
 
 
 def interpreter_reads(spec: RunSpec) -> list[Read]:
-    """The job's python when it is a host path (setup.python, setup.venv: the image's own python3 needs nothing),
-    its venv, and, when it is the interpreter running this, the hpc_grpo package it imports (a checkout on
-    PYTHONPATH or an editable install lives outside the venv)."""
+    """The job's python when it is a host path (setup.python, setup.venv: the image's own python3 needs nothing):
+    its venv, the Python the venv was made from, and, when it is the venv running this, the hpc_grpo package it
+    imports (a checkout on PYTHONPATH or an editable install lives outside the venv)."""
     python = Path(spec.python)
     if not python.is_absolute():
         return []
     key = setup_key(spec.cluster.setup)
-    reads = [Read(key, python.parent.parent, True)]
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
+    venv = python.parent.parent
+    reads = [Read(key, venv, True)]
+    base = venv_base(venv)
+    if base is not None:
+        reads.append(Read(key, base, True, must=False,
+                          note=f"; {venv} runs the Python installed there, so the image must hold it at that path "
+                               "(a venv made inside the image always works)"))
+    if os.path.realpath(venv) == os.path.realpath(Path(sys.executable).parent.parent):
         reads.append(Read(key, Path(hpc_grpo.__file__).resolve().parent, True))
     return reads
+
+
+def venv_base(venv: Path) -> Path | None:
+    """The installation a venv was made from (pyvenv.cfg's `home` is its bin folder); None: no venv, or unread."""
+    try:
+        lines = (venv / "pyvenv.cfg").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        name, _, value = line.partition("=")
+        if name.strip() == "home" and value.strip().startswith("/"):
+            return Path(value.strip()).parent
+    return None
 
 
 def mount_for(path: Path, mounts: list[Mount]) -> Mount | None:
@@ -104,7 +126,7 @@ def unmounted(read: Read, mounts: list[Mount]) -> Finding | None:
             seen = ", ".join(str(m.dst) for m in mounts)
             why = f"{path}{via} is not inside the container: the job sees only {seen} of the host"
             fix = f"add a mount to the profile: cluster.setup.mounts: [{suggest}] (or a folder above it)"
-        return error(read.key, why, fix)
+        return (error if read.must else warning)(read.key, why + read.note, fix)
     return None
 
 
