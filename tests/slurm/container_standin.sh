@@ -65,6 +65,7 @@ done
 
 # No Slurm client in the image.
 absent="$root/.slurm-client-absent"
+# shellcheck disable=SC2016  # $0 is expanded by the stub when it runs, not here
 printf '#!/bin/sh\necho "${0##*/}: command not found (no Slurm client in this container image)" >&2\nexit 127\n' > "$absent"
 chmod 755 "$absent"
 for cmd in sbatch srun salloc scontrol squeue sacct scancel sinfo sacctmgr sstat sattach; do
