@@ -113,6 +113,20 @@ def submitted_job(run_dir: Path) -> str:
     return [h for h in runs.read_history(run_dir) if h.purpose == "train"][0].job_id
 
 
+def test_the_standin_shows_only_its_mounts_and_no_slurm_client(env: Env) -> None:
+    """The test double itself: what these tests rely on it to hide is hidden."""
+    data = env.mounts["data"]
+    probe = (f"ls {env.data}/trl >/dev/null && echo data-seen; ls {env.root / 'models'} 2>/dev/null || echo models-hidden;"
+             f" ls {REPO} 2>/dev/null || echo checkout-hidden; touch {env.data}/x 2>/dev/null || echo data-read-only;"
+             " scontrol ping; echo scontrol=$?")
+    proc = subprocess.run([str(STANDIN), "--container-image=standin.sqsh", f"--container-mounts={data}",
+                           "--no-container-mount-home", "--", "/bin/sh", "-c", probe],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["data-seen", "models-hidden", "checkout-hidden", "data-read-only", "scontrol=127"]
+    assert "scontrol: command not found" in proc.stderr
+
+
 def test_a_job_that_mounts_what_it_reads_finishes(env: Env) -> None:
     name = env.name("mounted")
     proc = env.cli("submit", "cluster=slurm-dev", *env.tiny, *TINY, env.mount_override(), "--name", name, "--no-wait")
@@ -198,6 +212,5 @@ def test_usr2_saves_and_requeues_through_the_batch_script(env: Env) -> None:
     starts = [h.note for h in runs.read_history(run_dir) if h.purpose == "start"]
     assert len(starts) == 2 and f"checkpoint-{saved}" in starts[1], starts
     assert "requeue asked of the batch script" in log, log[-3000:]
-    assert "squeue: command not found" not in log or "no Slurm client" in log  # the stand-in's own answer
     assert metric_steps(run_dir)[-1] == 30
     assert not layout.requeue_request(run_dir, job_id).exists()
