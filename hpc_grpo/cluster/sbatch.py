@@ -88,13 +88,19 @@ def options(req: Request, logs: tuple[str, str], extra: list[tuple[str, Any]] | 
     return sbatch
 
 
-def srun_args(logs: tuple[str, str], container: str | None, run_dir: str) -> list[str]:
+def srun_args(logs: tuple[str, str], container: str | None, mounts: str = "",
+              launcher: str | None = None) -> list[str]:
     """The options of the srun line that starts one task per node: `logs`, the stdout and stderr patterns of each
-    task; in a container, the run directory mounted at its own path."""
+    task; in a container (pyxis), the image and `mounts` (hpc_grpo.config.mounts.mounts_option), or, with a
+    `launcher`, the launcher given those options, `--` and then the task's command.
+
+    In a container a task that stops ends the whole step (--kill-on-bad-exit): the task asks for its requeue and
+    exits, and the batch script, outside the container, can only ask Slurm once every task has ended."""
     srun = ["--unbuffered", "--output", logs[0], "--error", logs[1]]
     if container:
-        srun += [f"--container-image={container}", f"--container-mounts={run_dir}:{run_dir}",
-                 "--no-container-mount-home"]
+        pyxis = [f"--container-image={container}", f"--container-mounts={mounts}", "--no-container-mount-home"]
+        srun.append("--kill-on-bad-exit=1")
+        srun += [launcher, *pyxis, "--"] if launcher else pyxis
     return srun
 
 

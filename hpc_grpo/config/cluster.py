@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 from hpc_grpo.common.slurm_time import parse_time_minutes
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.fields import Strict, expand_path, expand_vars, slurm_word
+from hpc_grpo.config.mounts import normalise
 from hpc_grpo.config.secrets import secret_error, secret_in
 
 PATH_RE = re.compile(r"^[A-Za-z0-9_./@%+=:,~-]+\Z")
@@ -22,13 +23,24 @@ class Setup(Strict):
     venv: str | None = None
     conda: str | None = None
     container: str | None = None
+    # With a container: what the job sees of the host besides the run directory and shared_paths (config.mounts),
+    # each entry PATH, SRC:DST or SRC:DST:ro; plan checks that the model, the data and the job's python are in one.
+    mounts: list[str] = []
+    # A command srun runs instead of handing pyxis its options: it takes the same --container-* options, then `--`
+    # and the task's command. For runtimes pyxis does not drive; the tests' mount-namespace stand-in uses it.
+    container_launcher: str | None = None
     # The interpreter every in-job step runs (submitit's task, Ray's CLI, the drivers). Unset: <venv>/bin/python,
     # else python3 of the conda env / container, else the interpreter that submitted (hpc_grpo.config.resolve.job_python).
     python: str | None = None
 
-    _expand = field_validator("venv", "conda", "python")(
+    _expand = field_validator("venv", "conda", "python", "container_launcher")(
         classmethod(lambda cls, v: None if v is None else expand_path(v))
     )
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        return [normalise(m) for m in v]
 
 
 class Cluster(Strict):

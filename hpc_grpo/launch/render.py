@@ -18,6 +18,7 @@ from hpc_grpo import __version__
 from hpc_grpo.cluster import sbatch
 from hpc_grpo.evaluation import evaluate
 from hpc_grpo.config import registry
+from hpc_grpo.config.mounts import job_mounts, mounts_option
 from hpc_grpo.runstate import layout
 from hpc_grpo.engines import get_engine
 from hpc_grpo.config.spec import RunSpec
@@ -121,8 +122,13 @@ def sbatch_context(spec: RunSpec, command: str, extra: list[tuple[str, Any]] | N
         if _ESCAPE.search(str(value)):
             raise SpecError(f"#SBATCH --{key} cannot hold control characters or line breaks: {value!r}",
                             key=f"sbatch --{key}")
+    container = c.setup.container
+    mounts = mounts_option(job_mounts(c.shared_path_list(), c.setup.mounts, spec.run_dir)) if container else ""
     return {"sbatch": options, **sbatch.requeue_mode(c.requeue, chained=c.restart == "chain"),
-            "srun_args": sbatch.srun_args(layout.log_patterns(spec.path, "%t"), c.setup.container, spec.run_dir),
+            "srun_args": sbatch.srun_args(layout.log_patterns(spec.path, "%t"), container, mounts,
+                                          c.setup.container_launcher),
+            # a container has no Slurm client: its job asks this script for the requeue (launch.submit.TrainJob)
+            "requeue_file_prefix": str(layout.requeue_request(spec.path, "")) if container else None,
             "command": shlex.split(command)}
 
 

@@ -47,6 +47,18 @@ class _TrainingFinished(Exception):
     """Raised by checkpoint() inside submitit's USR2 handler when training ended meanwhile: __call__ returns."""
 
 
+class _StopForRequeue(Exception):
+    """Raised by the container's USR2 handler once the requeue is asked of the batch script: __call__ stops."""
+
+
+class _NotRequeued(Exception):
+    """Raised by the container's USR2 handler when the run stops here (the history says why): __call__ fails."""
+
+
+# A container task's exit status after asking for its requeue (nonzero: srun --kill-on-bad-exit ends the step).
+REQUEUE_EXIT = 3
+
+
 class TrainJob:
     """What each task of the job runs: the engine's launch script (Ray bootstrap for verl).
 
@@ -75,6 +87,9 @@ class TrainJob:
         env = submitit.JobEnvironment()
         chained = spec.cluster.scheduler == "slurm" and spec.cluster.restart == "chain"
         self._attempt = f"{env.job_id}.{job_env.restart_count()}.{os.getpid()}"
+        if spec.cluster.scheduler == "slurm" and spec.cluster.setup.container and not chained:
+            # No `scontrol` in the image for submitit's requeue: this handler asks the batch script instead.
+            signal.signal(signal.SIGUSR2, lambda signum, frame: self._container_signal())
         if chained:
             # Not submitit's checkpoint-and-requeue: ask for the save and let Slurm end the job (TIMEOUT,
             # PREEMPTED), which starts the follow-on queued below.
@@ -91,6 +106,13 @@ class TrainJob:
                 time.sleep(0.2)
         except _TrainingFinished:
             return 0
+        except _StopForRequeue:
+            self._stop_trainer()
+            print("hpc-grpo: requeue asked of the batch script (outside the container)", flush=True)
+            sys.exit(REQUEUE_EXIT)
+        except _NotRequeued as stop:
+            self._stop_trainer()
+            raise RuntimeError(f"not requeued: {stop}") from None
         if rc != 0 and self._finished():
             rc = 0  # killed by a late signal after it had written its done file: the run is trained
         if rc == save_request.STOPPED_FOR_REQUEUE and chained:
@@ -137,8 +159,6 @@ class TrainJob:
         for it, at most the signal delay. verl has no save hook: its last periodic save is what survives. Then
         decide (hpc_grpo.runstate.restart): requeue, or stop and say why in the history.
         """
-        from hpc_grpo.cluster import slurm
-
         env = submitit.JobEnvironment()
         run_dir = Path(self.run_dir)
         spec = load_frozen(layout.spec_file(run_dir))
@@ -148,24 +168,69 @@ class TrainJob:
                                 note="USR2 came while the job was starting: chained mode cannot carry on; "
                                      "`hpc-grpo resume` restarts from the newest checkpoint")
             return None
+        if self._save_and_decide(spec, str(env.job_id)) is not None:
+            return None
+        return submitit.helpers.DelayedSubmission(TrainJob(self.run_dir, self.after, self.eval_after))
+
+    def _container_signal(self) -> None:
+        """USR2 in a container (every task gets it; rank 0 acts): save and decide as checkpoint() does, then ask
+        the batch script for the requeue (a file it reads once the step ends), since the image has no Slurm client.
+        Raises what __call__ turns into the task's end."""
+        env = submitit.JobEnvironment()
+        if env.global_rank != 0:
+            return
+        spec = load_frozen(layout.spec_file(Path(self.run_dir)))
+        why_not = self._save_and_decide(spec, str(env.job_id))
+        if why_not is not None:
+            raise _NotRequeued(why_not)
+        request = layout.requeue_request(self.run_dir, str(env.job_id))
+        request.write_text(f"{self._attempt}\n", encoding="utf-8")
+        raise _StopForRequeue()
+
+    def _save_and_decide(self, spec: RunSpec, job_id: str) -> str | None:
+        """The save on the signal (trl), then requeue or not (hpc_grpo.runstate.restart), recorded in the history:
+        None to requeue, else why not. Raises _TrainingFinished when training ended meanwhile."""
+        run_dir = Path(self.run_dir)
         t0 = time.monotonic()
         saved = self._wait_for_save(spec) if get_engine(spec.recipe.engine).traits.saves_on_signal else None
         if saved is None and self._finished():
             raise _TrainingFinished()  # it trained to the end meanwhile: nothing to requeue
-        try:
-            left = slurm.time_left_s(env.job_id)
-        except slurm.SlurmError:
-            left = None
+        left = self._time_left_s(job_id, spec)
         decision = restart.decide_for_run(run_dir, spec, left)
         what = (f"saved step {saved} in {time.monotonic() - t0:.1f} s" if saved is not None
                 else "no save on the signal: resumes from the newest complete checkpoint")
         note = f"{decision.reason}; {what}; {'?' if left is None else left} s were left"
         print(f"hpc-grpo: USR2: {note}", flush=True)
         if not decision.requeue:
-            runs.append_history(run_dir, env.job_id, "failed", "slurm", note=note)
-            return None
-        runs.append_history(run_dir, env.job_id, "requeue", "slurm", note=note)
-        return submitit.helpers.DelayedSubmission(TrainJob(self.run_dir, self.after, self.eval_after))
+            runs.append_history(run_dir, job_id, "failed", "slurm", note=note)
+            return decision.reason
+        runs.append_history(run_dir, job_id, "requeue", "slurm", note=note)
+        return None
+
+    def _time_left_s(self, job_id: str, spec: RunSpec) -> int | None:
+        """Slurm's answer (squeue); where the task cannot ask (no Slurm client in a container image), the time limit
+        less the time since this task started (a requeued job starts its clock again)."""
+        from hpc_grpo.cluster import slurm
+
+        try:
+            return slurm.time_left_s(job_id)
+        except slurm.SlurmError:
+            if not spec.cluster.setup.container or not self._started:
+                return None
+            return max(0, int(spec.recipe.resources.time_min * 60 - (time.time() - self._started)))
+
+    def _stop_trainer(self) -> None:
+        """End the training process (verl: it has not stopped by itself) before the task exits: SIGTERM, then
+        SIGKILL after 30 s."""
+        proc = self._proc
+        if proc is None or self._exited():
+            return
+        proc.terminate()
+        end = time.monotonic() + 30
+        while not self._exited() and time.monotonic() < end:
+            time.sleep(0.1)
+        if not self._exited():
+            proc.kill()
 
     def _wait_for_save(self, spec: RunSpec) -> int | None:
         """Request the save and wait for the training process to save and exit; the step it saved, or None."""

@@ -18,6 +18,7 @@ from hpc_grpo.engines.verl_checks import check_batches, check_layout, check_roll
 from hpc_grpo.common.findings import Finding, Severity, cannot_read, error, has_errors, info, warning
 from hpc_grpo.config.layout import Layout, layout_of
 from hpc_grpo.config.models import ModelShape, resolve_shape
+from hpc_grpo.planning.container import check_container
 from hpc_grpo.planning.lora_targets import check_lora_targets
 from hpc_grpo.planning.resources import check_resources
 from hpc_grpo.common.yamlio import SpecError
@@ -215,6 +216,7 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False, accep
         lambda: check_environment(spec, for_submit),
         lambda: check_eval(spec, for_submit),
         lambda: check_lora_targets(spec),
+        lambda: check_container(spec),
     ]
     for check in checks:
         plan.findings.extend(check())

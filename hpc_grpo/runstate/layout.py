@@ -67,6 +67,8 @@ DONE_FILE = "train_done.json"  # written atomically by a training that reached i
 PROMPT_LENGTHS_FILE = "prompt_lengths.json"
 SAVE_REQUEST = "save_request"
 SAVE_MARKER = "signal_save.json"
+# REQUEUE_REQUEST.JOB: a container job asks its batch script (outside the container) to requeue it
+REQUEUE_REQUEST = "requeue_request"
 EXPORTS_DIR = "exports"
 EXPORT_MARKER = "export.json"  # inside exports/step_N/, written before the folder is renamed into place
 EVAL_DIR = "eval"
@@ -141,6 +143,11 @@ def log_patterns(run_dir: PathLike, task: int | str) -> tuple[str, str]:
     """Slurm's --output and --error patterns for the run's job logs: %j is the job id; `task` a task number, or
     "%t" for srun's one log per task."""
     return str(job_log(run_dir, "%j", task)), str(job_log(run_dir, "%j", task, err=True))
+
+
+def requeue_request(run_dir: PathLike, job_id: str) -> Path:
+    """RUN_DIR/requeue_request.JOB; with job_id "" the prefix the batch script completes with $SLURM_JOB_ID."""
+    return Path(run_dir) / f"{REQUEUE_REQUEST}.{job_id}"
 
 
 def job_result(run_dir: PathLike, job_id: str) -> Path:

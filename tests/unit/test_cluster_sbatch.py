@@ -50,8 +50,14 @@ def test_dependencies_and_requeue_mode(tmp_path: Path) -> None:
     assert sbatch.dependency(sbatch.AFTER_ANY, "12") == "afterany:12"
     assert sbatch.requeue_mode(True, chained=False) == {"requeue": True, "no_requeue": False}
     assert sbatch.requeue_mode(True, chained=True) == {"requeue": False, "no_requeue": True}  # ends PREEMPTED
-    assert sbatch.srun_args(logs(tmp_path, "%t"), "img.sqsh", "/runs/r")[-3:] == [
-        "--container-image=img.sqsh", "--container-mounts=/runs/r:/runs/r", "--no-container-mount-home"]
+    assert sbatch.srun_args(logs(tmp_path, "%t"), "img.sqsh", "/runs/r:/runs/r")[-4:] == [
+        "--kill-on-bad-exit=1", "--container-image=img.sqsh", "--container-mounts=/runs/r:/runs/r",
+        "--no-container-mount-home"]
+    # a launcher gets pyxis's options, then `--` before the task's command; without a container, neither
+    launched = sbatch.srun_args(logs(tmp_path, "%t"), "img.sqsh", "/d:/d:ro", "/opt/launch")
+    assert launched[-5:] == ["/opt/launch", "--container-image=img.sqsh", "--container-mounts=/d:/d:ro",
+                             "--no-container-mount-home", "--"]
+    assert not any("container" in a for a in sbatch.srun_args(logs(tmp_path, "%t"), None, "", "/opt/launch"))
 
 
 def test_one_state_to_cause_map() -> None:
