@@ -45,7 +45,7 @@ def _local_model(path: str) -> bool:
 
 def paths_read(spec: RunSpec) -> list[Read]:
     """Every host path the job reads: the run directory (its checkpoints to resume from), the model (or the Hugging
-    Face cache a Hub id loads from), the data files, the eval job's GSM8K files, and the job's interpreter with
+    Face cache a Hub id loads from), the data files, the eval job's data files, and the job's interpreter with
     where hpc_grpo comes from."""
     r = spec.recipe
     reads = [Read("cluster.runs_root", Path(spec.run_dir), True)]
@@ -55,7 +55,7 @@ def paths_read(spec: RunSpec) -> list[Read]:
                      else Read("model.path", hf_cache_dir(), True))
         reads += [Read("data.train_files", Path(f).absolute(), False) for f in r.data.train_list]
         reads += [Read("data.val_files", Path(f).absolute(), False) for f in r.data.val_list]
-    if evaluate.queued_after_training(spec) and evaluate.needs_gsm8k(r.eval.tasks):
+    if evaluate.queued_after_training(spec) and evaluate.needs_files(r.eval.tasks):
         try:
             train, test = evaluate.data_files(spec)
             reads += [Read("eval.train_file", Path(train), False), Read("eval.test_file", Path(test), False)]
