@@ -30,4 +30,15 @@ export HPC_GRPO_RUN_DIR=/runs/golden
 
 # One task per node; submitit runs hpc-grpo's job callable in each, which runs scripts/launch.sh.
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /runs/golden/submitit/%j_%t_log.out --error /runs/golden/submitit/%j_%t_log.err --container-image=nvcr.io/nvidia/pytorch:25.01-py3 --container-mounts=/runs/golden:/runs/golden --no-container-mount-home python3 -u -m submitit.core._submit /runs/golden/submitit
+# The container has no Slurm client: a job that should be requeued says so in this file and exits, and this script,
+# outside the container, asks Slurm. A request left by an earlier start of this job is stale.
+requeue_request=/runs/golden/requeue_request."$SLURM_JOB_ID"
+rm -f "$requeue_request"
+status=0
+srun --unbuffered --output /runs/golden/submitit/%j_%t_log.out --error /runs/golden/submitit/%j_%t_log.err --kill-on-bad-exit=1 --container-image=nvcr.io/nvidia/pytorch:25.01-py3 --container-mounts=/lustre:/lustre,/runs/golden:/runs/golden,/home/user/hpc-grpo-data:/home/user/hpc-grpo-data:ro,/home/user/.cache/huggingface:/home/user/.cache/huggingface,/home/user/.cache/hpc-grpo:/home/user/.cache/hpc-grpo --no-container-mount-home python3 -u -m submitit.core._submit /runs/golden/submitit || status=$?
+if [ -e "$requeue_request" ]; then
+  rm -f "$requeue_request"
+  scontrol requeue "$SLURM_JOB_ID"
+  exit 0
+fi
+exit "$status"
