@@ -4,10 +4,11 @@ number in some samples of a group and not in others, so the advantage is never a
 ends every answer with a number (reward -> 0.1 and above).
 
 The verdict is hpc_grpo.runstate.metrics.reward_trend: the mean reward of the last quarter of the steps minus that of
-the first quarter must exceed MARGIN. Why 0.03 (docs/benchmarks.md has the runs, one seed each): learning runs gained
-0.07-0.12 over 16 steps on every engine and sampler; the vLLM LoRA run with the adapter updates dropped on purpose
-gained +0.003, and one lucky correct answer in a window moves its mean by at most 1/(samples per step x k) =
-1/(32 x 4) < 0.01.
+the first quarter must exceed MARGIN. Why 0.015 (docs/benchmarks.md has the runs): learning runs gained +0.02 to
++0.12 over 16 steps on every engine and sampler (the vLLM LoRA case's start is not seeded: its LoRA init and vLLM's
+sampling differ run to run, and one CI run of it took off late, +0.020); the vLLM LoRA run with the adapter updates
+dropped on purpose gained +0.003; one lucky correct answer in a window moves its mean by at most
+1/(samples per step x k) = 1/(32 x 4) < 0.01. The margin sits above both of those and below the slowest learner.
 
 The runs go through the product's front door (`hpc-grpo submit ... cluster=local --wait`): trl on the dev venv,
 verl's real trainer on .venv-verl (HPC_GRPO_VERL_VENV) with hpc-grpo's HF sampler, and with verl's own vLLM rollout
@@ -37,7 +38,7 @@ from tests.conftest import require_gsm8k
 REPO = Path(__file__).resolve().parents[2]
 VERL_VENV = Path(os.environ.get("HPC_GRPO_VERL_VENV") or REPO / ".venv-verl")
 DEV_CLI = REPO / ".venv" / "bin" / "hpc-grpo"
-MARGIN = 0.03
+MARGIN = 0.015
 ALL_CASES = "HPC_GRPO_LEARNING_ALL"  # CI runs the HF-sampler case only when this is 1
 STEPS = 16
 STRAY_TOKEN = "stray-token-from-an-earlier-local-ray-0123456789abcdef"
