@@ -38,7 +38,7 @@ from hpc_grpo.cluster import slurm  # noqa: E402
 from hpc_grpo.runstate import checkpoints as ck  # noqa: E402
 from hpc_grpo.runstate import save_request  # noqa: E402
 
-SHRINK = ["checkpoint.keep=2", "grpo.entropy_coeff=0.01", "batch.train=2", "batch.mini=2", "batch.micro_per_gpu=4",
+SHRINK = ["checkpoint.keep_last=2", "grpo.entropy_coeff=0.01", "batch.train=2", "batch.mini=2", "batch.micro_per_gpu=4",
           "batch.log_prob_micro_per_gpu=4", "grpo.n=2", "data.max_response_length=8"]
 FAULTS = ("usr2", "time-limit", "requeue", "preemption")
 SIGNAL_TARGET_S = 30.0

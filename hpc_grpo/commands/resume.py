@@ -18,7 +18,6 @@ from typing import Any
 
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout, runs
-from hpc_grpo.config.keys import canonical_key
 from hpc_grpo.config.secrets import redact, secret_error, secret_in
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.planning.world_size import check_world_size
@@ -108,7 +107,7 @@ def apply_overrides(spec: RunSpec, items: list[str], force: bool) -> tuple[RunSp
     forced: list[str] = []
     for item in items:
         key, value, is_forced = check_override(item, force)
-        target = key.removeprefix("cluster.") if key.startswith("cluster.") else canonical_key(key)
+        target = key.removeprefix("cluster.") if key.startswith("cluster.") else key
         section = data["cluster"] if key.startswith("cluster.") else data["recipe"]
         if key.startswith("passthrough."):
             section.setdefault("passthrough", {})[key.removeprefix("passthrough.")] = value

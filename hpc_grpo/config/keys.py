@@ -1,6 +1,6 @@
 """Error messages that name the key: pydantic's errors turned into one line per bad key (where it was set, what is
-wrong, "did you mean"), the names users bring from verl, trl and guides written for them, and the old names still
-accepted (hpc_grpo/compat.py lists those with their end dates)."""
+wrong, "did you mean"), with the names users bring from verl, trl and guides written for them, and this project's own
+retired names, each pointing at the key that means the same now."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.secrets import HIDDEN, redact, secret_in
-from hpc_grpo.config.spec import Recipe
+from hpc_grpo.config.spec import Recipe, RunSpec
 
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -53,44 +53,18 @@ ALIASES = {
     "train.max_steps": "train.total_training_steps",
     "resources.n_gpus_per_node": "resources.gpus_per_node",
     "resources.nnodes": "resources.nodes",
-}
-
-
-# Old names that are still accepted (ALIASES above are only suggested): each is renamed to its new name where it is
-# written, a file or the command line, so a value under the old name takes the same precedence as one under the new.
-ACCEPTED_ALIASES = {
+    # retired recipe keys: refused like any unknown key, the message names the new one
     "checkpoint.keep": "checkpoint.keep_last",
 }
-
-
-def rename_old_keys(data: dict[str, Any], where: dict[str, str]) -> None:
-    """Rename accepted old key names in one file's data to their new names (ACCEPTED_ALIASES), before files
-    are merged, so a recipe's `keep` overrides its parent's `keep_last` as `keep_last` would."""
-    for alias, target in ACCEPTED_ALIASES.items():
-        *parents, last = alias.split(".")
-        node: Any = data
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if not isinstance(node, dict) or last not in node:
-            continue
-        new_last = target.rsplit(".", 1)[-1]
-        if new_last in node:
-            raise SpecError(f"set twice, as '{alias}' (the old name) and '{target}': keep only '{target}'",
-                            key=target, where=where.get(alias, ""))
-        node[new_last] = node.pop(last)
-        if alias in where:
-            where[target] = where.pop(alias)
-
-
-def canonical_key(key: str) -> str:
-    """The recipe key an accepted old name stands for (itself for every other key)."""
-    return ACCEPTED_ALIASES.get(key, key)
 
 
 def did_you_mean(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
     dotted = ".".join(map(str, loc))
     if model is Recipe and dotted in ALIASES:
         return f"did you mean '{ALIASES[dotted]}'? "
+    if model is RunSpec and loc[:1] == ("recipe",):  # a frozen spec.yaml: its recipe section holds recipe keys
+        hint = did_you_mean(Recipe, loc[1:])
+        return hint.replace("did you mean '", "did you mean 'recipe.", 1) if hint.startswith("did you") else hint
     owner = _model_at(model, loc)
     if owner is None:
         return ""

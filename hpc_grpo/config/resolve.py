@@ -19,7 +19,7 @@ from hpc_grpo.config import registry
 from hpc_grpo.engines.verl_keys import KeyRoutes, bare_key, format_value, is_engine_key, real_key_for
 from hpc_grpo.config.cluster import Cluster, Setup
 from hpc_grpo.config.fields import check_name
-from hpc_grpo.config.keys import canonical_key, rename_old_keys, validation_error
+from hpc_grpo.config.keys import validation_error
 from hpc_grpo.config.secrets import secret_error, secret_in
 from hpc_grpo.config.spec import DataCfg, Recipe, RunSpec, default_run_name
 from hpc_grpo.common.yamlio import SpecError, load_yaml_file, parse_scalar
@@ -49,8 +49,6 @@ def load_raw(kind: str, name: str, chain: tuple[str, ...] = ()) -> tuple[dict[st
     path = registry.find(kind, name)
     data, lines = load_yaml_file(path)
     where = _origins(path, lines)
-    if kind == "recipes":
-        rename_old_keys(data, where)
     parent = data.pop("extends", None)
     if parent is None:
         return data, where
@@ -199,7 +197,6 @@ def resolve_spec(
     what it did is appended to `notes`, one line each."""
     overrides = list(overrides or [])
     recipe_items, cluster_items, passthrough = split_overrides(overrides)
-    recipe_items = [(canonical_key(k), v) for k, v in recipe_items]  # old names take the new name's precedence
 
     rdata, rwhere = load_raw("recipes", recipe)
     if routes is not None:
@@ -255,8 +252,7 @@ def job_python(setup: Setup) -> str:
 
 
 def load_frozen(path: Path) -> RunSpec:
-    """Read back a run's frozen spec (spec.yaml); one frozen before a key's rename holds its old name."""
+    """Read back a run's frozen spec (spec.yaml), validated as it was at submit: a key this version no longer has is
+    refused with the key that replaced it (config.keys.ALIASES), never dropped."""
     data, lines = load_yaml_file(path)
-    if isinstance(data.get("recipe"), dict):
-        rename_old_keys(data["recipe"], {})
     return _validate(RunSpec, data, _origins(path, lines))

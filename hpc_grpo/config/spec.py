@@ -225,10 +225,9 @@ class Rollout(Strict):
 class Checkpoint(Strict):
     """How often to save, and the retention policy hpc-grpo applies (the engines' own limits are off).
 
-    `keep`, the old name of `keep_last`, is renamed before validation (config.keys.ACCEPTED_ALIASES). Kept: the `keep_last` newest complete
-    checkpoints, every step that is a multiple of `keep_every`, the best by `keep_best`; then the
-    oldest are dropped while the total (exports included) is over `max_bytes`. Never removed: the
-    newest complete one, verl's tracker step, one younger than `grace_s`, one a reader has leased.
+    Kept: the `keep_last` newest complete checkpoints, every step that is a multiple of `keep_every`, the best by
+    `keep_best`; then the oldest are dropped while the total (exports included) is over `max_bytes`. Never removed:
+    the newest complete one, verl's tracker step, one younger than `grace_s`, one a reader has leased.
     """
 
     save_freq: int = Field(default=50, gt=0)

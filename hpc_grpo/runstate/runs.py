@@ -151,7 +151,7 @@ _HOST = socket.gethostname()
 @dataclass(frozen=True, slots=True)
 class LockHolder:
     """What a checkpoint lock file says about its holder. `ident` is the token, or for a record that cannot be
-    parsed (being written, or a file of the flock era: "HOST pid N") the file's inode and mtime."""
+    parsed (being written, or not written by hpc-grpo) the file's inode and mtime."""
 
     host: str
     pid: int
@@ -177,9 +177,8 @@ def _read_holder(path: Path) -> LockHolder:
         rec = json.loads(text)
         return LockHolder(str(rec["host"]), int(rec["pid"]), str(rec["token"]), float(rec["expires"]))
     except (ValueError, KeyError, TypeError):
-        legacy = re.match(r"(\S+) pid (\d+)", text.strip())  # the old record: a shim, see hpc_grpo/compat.py
-        host, pid = (legacy[1], int(legacy[2])) if legacy else ("", 0)
-        return LockHolder(host, pid, f"inode {st.st_ino} mtime {st.st_mtime_ns}", st.st_mtime + LEASE_S)
+        # a record being written, or not ours: a holder of no known host until its file is a lease old
+        return LockHolder("", 0, f"inode {st.st_ino} mtime {st.st_mtime_ns}", st.st_mtime + LEASE_S)
 
 
 def _record(token: str) -> bytes:

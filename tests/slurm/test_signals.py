@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, SAVE_FREQ, FAULT_AFTER = 30, 25, 3
-SHRINK = [f"train.total_training_steps={STEPS}", f"checkpoint.save_freq={SAVE_FREQ}", "checkpoint.keep=2",
+SHRINK = [f"train.total_training_steps={STEPS}", f"checkpoint.save_freq={SAVE_FREQ}", "checkpoint.keep_last=2",
           "grpo.entropy_coeff=0.01", "batch.train=2", "batch.mini=2", "batch.micro_per_gpu=4",
           "batch.log_prob_micro_per_gpu=4", "grpo.n=2", "data.max_response_length=8"]
 # Slurm sends the time-limit warning on slurmctld's ~30 s tick, up to 60 s early: with 1 minute and 58 s it came

@@ -77,10 +77,17 @@ def test_gone_holder_is_taken_over(tmp_path: Path, holder: str) -> None:
     assert time.monotonic() - t0 < 1.0
 
 
-def test_flock_era_file_of_a_gone_holder_is_taken_over(tmp_path: Path) -> None:
-    (tmp_path / layout.CHECKPOINT_LOCK).write_text(f"{runs._HOST} pid {_dead_pid()}\n")
+def test_a_record_that_does_not_parse_holds_until_its_file_is_a_lease_old(tmp_path: Path) -> None:
+    """A record being written (or one hpc-grpo did not write) names no holder: its file's age stands in for a lease."""
+    lock = tmp_path / layout.CHECKPOINT_LOCK
+    lock.write_text(f"{runs._HOST} pid {_dead_pid()}\n")
+    with pytest.raises(TimeoutError, match="unknown host"):
+        with runs.checkpoint_lock(tmp_path, timeout_s=0.3):
+            pass
+    old = time.time() - runs.LEASE_S - 10
+    os.utime(lock, (old, old))
     with runs.checkpoint_lock(tmp_path, timeout_s=5):
-        pass
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
 
 
 @pytest.mark.parametrize("holder", ["live pid on this host", "fresh lease on another host"])

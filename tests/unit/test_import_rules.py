@@ -4,8 +4,6 @@ and every import statement counts, module-level and nested (inside a function, a
 1. No import cycle. A nested import breaks a cycle only at run time, so it does not count as broken here: the fix is
    to move what both modules need into the lower one.
 2. Layers, lowest first (LAYERS): a module imports only from its own layer or lower ones, never higher.
-3. The compatibility modules (COMPAT, from hpc_grpo/compat.py's table: old import paths kept for pickles in live
-   runs' submitit folders and for frozen verl overrides) import the new paths; nothing in hpc_grpo imports them.
 
 `from hpc_grpo.x import y` where y is a module counts as importing hpc_grpo.x.y; `from hpc_grpo.x import name` counts
 as importing hpc_grpo.x (its __init__). A package's __init__ runs before its submodules whatever the code says, so
@@ -19,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo import compat
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "hpc_grpo"
@@ -54,14 +51,11 @@ PLACED: dict[str, tuple[str, str]] = {
     # states its memory rule.
     f"{PACKAGE}.job.code_sandbox": ("rewards", "the code reward's runner, standard library only"),
     f"{PACKAGE}.job.sandbox_kernel": ("rewards", "the sandbox's kernel settings, standard library only"),
-    # The table of compatibility shims (old names, what needs them, their end dates): plain data, importing nothing.
-    f"{PACKAGE}.compat": ("common", "the compatibility shims' table, plain data"),
     # The reward and eval-task registries: plain data and import paths as strings, importing nothing of ours;
     # config.spec validates grpo.reward and eval.tasks against them, engines and plan read them.
     f"{PACKAGE}.rewards.registry": ("config", "the reward registry, plain data read by config.spec"),
     f"{PACKAGE}.evaluation.tasks": ("config", "the eval-task registry, plain data read by config.spec"),
 }
-COMPAT = compat.modules()  # the module shims of hpc_grpo/compat.py's table
 
 Graph = dict[str, dict[str, int]]  # module -> {imported module: line of its first import}
 
@@ -122,18 +116,12 @@ def layer_violations(graph: Graph) -> list[str]:
     """One line per import the rule forbids: importing module, imported module, line, and the rule broken."""
     out = []
     for src, targets in sorted(graph.items()):
-        if src in COMPAT:
-            continue  # they re-export the new paths and are imported by nothing: checked below
         here = layer_of(src)
         if here is None:
             out.append(f"{src} is in no layer: add its package to LAYERS in {Path(__file__).name} and to the import "
                        "rule in docs/ARCHITECTURE.md")
             continue
         for dst, line in targets.items():
-            if dst in COMPAT:
-                out.append(f"{src} imports {dst} (line {line}): {dst} is a compatibility re-export for old pickles and "
-                           "old pkg:// paths; import the module it re-exports")
-                continue
             there = layer_of(dst)
             if there is None:
                 out.append(f"{src} imports {dst} (line {line}), which is in no layer")
@@ -215,13 +203,6 @@ def test_lower_layers_never_import_higher_ones(graph: Graph) -> None:
     assert not found, "\n".join(found)
 
 
-def test_nothing_imports_the_compatibility_modules(graph: Graph) -> None:
-    importers = [f"{src} imports {dst} (line {line})" for src, targets in graph.items() for dst, line in targets.items()
-                 if dst in COMPAT and src not in COMPAT]
-    assert not importers, importers
-    assert COMPAT <= set(graph), sorted(COMPAT - set(graph))  # a renamed or dropped one would break old pickles
-
-
 def test_every_layer_names_a_real_package(graph: Graph) -> None:
     """A package renamed on disk but not here would leave its modules unchecked (they would have no layer)."""
     packages = {m.split(".")[1] for m in graph if m.count(".") >= 1 and (REPO / PACKAGE / m.split(".")[1]).is_dir()}
@@ -270,12 +251,12 @@ def test_a_synthetic_upward_import_and_cycle_are_reported(tmp_path: Path) -> Non
     found = layer_violations(g)
     assert ("hpc_grpo.common.low imports hpc_grpo.cli.app (line 2): layer common is below layer cli, and a lower "
             "layer never imports a higher one; move what it needs down (docs/ARCHITECTURE.md)") in found
-    assert any(v.startswith("hpc_grpo.cli.app imports hpc_grpo.submit (line 1): hpc_grpo.submit is a compatibility")
-               for v in found), found
+    # a module beside the packages (hpc_grpo/submit.py) belongs to no layer: neither it nor an import of it passes
+    assert "hpc_grpo.cli.app imports hpc_grpo.submit (line 1), which is in no layer" in found, found
+    assert any(v.startswith("hpc_grpo.submit is in no layer") for v in found), found
     assert any(v.startswith("hpc_grpo.newpkg.thing is in no layer") for v in found), found
-    assert not any(v.startswith("hpc_grpo.submit ") for v in found)  # a compat module may import anything new
 
-    loops = sorted(cycles(g))  # config.a <-> config.b through a nested import; cli.app <-> the compat submit
+    loops = sorted(cycles(g))  # config.a <-> config.b through a nested import; cli.app <-> submit
     assert loops == [["hpc_grpo.cli.app", "hpc_grpo.submit", "hpc_grpo.cli.app"],
                      ["hpc_grpo.config.a", "hpc_grpo.config.b", "hpc_grpo.config.a"]], loops
     assert describe_cycle(g, loops[1]) == ("import cycle: hpc_grpo.config.a -> hpc_grpo.config.b (line 1), "

@@ -17,7 +17,6 @@ from hpc_grpo.runstate import leases, metrics, prune, retention
 from hpc_grpo.engines import get_engine
 from hpc_grpo.engines.trl import grpo_config_kwargs
 from hpc_grpo.config.resolve import resolve_spec
-from hpc_grpo.config.keys import rename_old_keys
 from hpc_grpo.runstate.runs import checkpoint_lock
 from hpc_grpo.config.spec import Checkpoint as CkptCfg
 from hpc_grpo.common.yamlio import SpecError, dump_yaml
@@ -37,12 +36,10 @@ def trl_run(root: Path, steps: list[int], *overrides: str) -> Path:
 
 
 # ------------------------------------------------------------------------------------ the recipe
-def test_old_keep_is_renamed_where_files_are_read_and_new_keys_validate() -> None:
-    data, where = {"checkpoint": {"keep": 2}}, {"checkpoint.keep": "old.yaml:3"}
-    rename_old_keys(data, where)  # the one place the old name is handled (hpc_grpo/compat.py)
-    assert CkptCfg.model_validate(data["checkpoint"]).keep_last == 2 and where == {"checkpoint.keep_last": "old.yaml:3"}
+def test_the_policy_keys_validate() -> None:
+    assert CkptCfg.model_validate({"keep_last": 2}).keep_last == 2
     with pytest.raises(ValueError, match="keep"):
-        CkptCfg.model_validate({"keep": 2})  # past the loaders the old name is unknown, like any other
+        CkptCfg.model_validate({"keep": 2})  # the retired name is unknown, like any other
     assert CkptCfg.model_validate({"max_bytes": "1.5G"}).max_bytes == int(1.5 * 2**30)
     assert CkptCfg.model_validate({"max_bytes": 4096}).max_bytes == 4096
     for bad in ("lots", "-3G", 0, True):

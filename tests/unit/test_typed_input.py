@@ -117,27 +117,41 @@ def retention(plan: dict) -> str:
     return next(f["message"] for f in plan["findings"] if f["key"] == "checkpoint.keep_last")
 
 
-@pytest.mark.parametrize("override", ["checkpoint.keep=1", "checkpoint.keep_last=1"])
-def test_an_old_key_name_on_the_command_line_overrides_the_recipe(override: str, tmp_path: Path) -> None:
-    plan = plan_json(tmp_path, f"recipe={RECIPE}", f"cluster={CLUSTER}", override)
+def test_the_new_key_name_on_the_command_line_overrides_the_recipe(tmp_path: Path) -> None:
+    plan = plan_json(tmp_path, f"recipe={RECIPE}", f"cluster={CLUSTER}", "checkpoint.keep_last=1")
     assert "retention keeps 1 newest" in retention(plan), retention(plan)
 
 
-def test_an_old_key_name_in_a_recipe_overrides_its_parent(tmp_path: Path) -> None:
+def test_a_retired_key_name_is_refused_naming_the_new_one(tmp_path: Path) -> None:
+    """checkpoint.keep is keep_last's old name: refused on the command line and in a recipe, never ignored."""
+    (tmp_path / "home").mkdir()
+    proc = cli("plan", f"recipe={RECIPE}", f"cluster={CLUSTER}", "checkpoint.keep=1", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "checkpoint.keep: unknown key (command line); did you mean 'checkpoint.keep_last'?" in proc.stderr, \
+        proc.stderr
+    assert "Traceback" not in proc.stderr
     (tmp_path / "lib" / "recipes").mkdir(parents=True)
     (tmp_path / "lib" / "recipes" / "old.yaml").write_text(f"extends: {RECIPE}\ncheckpoint:\n  keep: 1\n")
-    plan = plan_json(tmp_path, "recipe=old", f"cluster={CLUSTER}", env={"HPC_GRPO_PATH": str(tmp_path / "lib")})
-    assert "retention keeps 1 newest" in retention(plan), retention(plan)
-
-
-def test_both_names_in_one_file_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "home").mkdir()
-    (tmp_path / "lib" / "recipes").mkdir(parents=True)
-    (tmp_path / "lib" / "recipes" / "both.yaml").write_text(
-        f"extends: {RECIPE}\ncheckpoint:\n  keep: 1\n  keep_last: 2\n")
-    proc = cli("plan", "recipe=both", f"cluster={CLUSTER}", cwd=tmp_path, env={"HPC_GRPO_PATH": str(tmp_path / "lib")})
+    proc = cli("plan", "recipe=old", f"cluster={CLUSTER}", cwd=tmp_path, env={"HPC_GRPO_PATH": str(tmp_path / "lib")})
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "both.yaml:3" in proc.stderr and "keep only 'checkpoint.keep_last'" in proc.stderr, proc.stderr
+    assert "old.yaml:3" in proc.stderr and "did you mean 'checkpoint.keep_last'?" in proc.stderr, proc.stderr
+
+
+def test_a_frozen_spec_with_a_retired_key_is_refused_naming_the_new_one(tmp_path: Path) -> None:
+    """A run directory whose spec.yaml says checkpoint.keep: loading it names the line and the key to write."""
+    from hpc_grpo.common.yamlio import SpecError
+    from hpc_grpo.config.resolve import load_frozen, resolve_spec
+    from hpc_grpo.launch.render import frozen_spec_text
+
+    text = frozen_spec_text(resolve_spec("tiny-gsm8k", "local", ["checkpoint.keep_last=5"], run_name="old", now=0.0))
+    assert "    keep_last: 5\n" in text
+    frozen = tmp_path / "spec.yaml"
+    frozen.write_text(text.replace("    keep_last: 5\n", "    keep: 5\n"))
+    with pytest.raises(SpecError) as err:
+        load_frozen(frozen)
+    line = text.splitlines().index("    keep_last: 5") + 1
+    assert str(err.value).startswith(f"recipe.checkpoint.keep: unknown key ({frozen}:{line}); "
+                                     "did you mean 'recipe.checkpoint.keep_last'?"), err.value
 
 
 # ------------------------------------------------------------------------------- 4. unreadable data
