@@ -21,7 +21,7 @@ from hpc_grpo.planning.plan import run_plan
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.runstate import layout
-from tests.unit.test_golden import PAIRS
+from tests.unit.test_golden import MATRIX
 from tests.unit.test_recipe_matrix import shipped_verdicts
 
 # data_files() needs GSM8K files; their contents do not matter to where the evaluation runs
@@ -54,7 +54,7 @@ def lm_eval_args(spec) -> scoring.LmEvalArgs:
 
 # Every shipped recipe x cluster pair whose plan is accepted (docs/recipe-matrix.md, which test_recipe_matrix holds
 # to plan's verdict): a refused pair has no eval job to check.
-PLANNED = [(r, c) for r, c in PAIRS if shipped_verdicts()[r, c]]
+PLANNED = [(r, c) for r, c in MATRIX if shipped_verdicts()[r, c]]
 
 
 @pytest.mark.parametrize(("recipe", "cluster"), PLANNED, ids=[f"{r}__{c}" for r, c in PLANNED])
