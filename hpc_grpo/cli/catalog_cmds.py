@@ -14,10 +14,18 @@ def recipes(
     as_json: JsonT = False,
     matrix: Annotated[bool, typer.Option("--matrix", help="plan every recipe on every cluster profile and print the "
                                          "markdown table docs/recipe-matrix.md holds (ok, or refused and why)")] = False,
+    reference: Annotated[bool, typer.Option("--reference", help="print the field reference docs/reference.md holds: "
+                                            "every recipe and cluster-profile key with its type, default, rule and "
+                                            "description")] = False,
 ) -> None:
     """List the recipes hpc-grpo can find."""
     from hpc_grpo.commands.catalog import recipe_rows
 
+    if reference:
+        from hpc_grpo.commands.reference import to_markdown as reference_page
+
+        print(reference_page(), end="")  # plain stdout: the file is this text, byte for byte
+        return
     if matrix:
         from hpc_grpo.commands.matrix import matrix as plan_matrix, to_markdown
 

@@ -19,19 +19,20 @@ PATH_RE = re.compile(r"^[A-Za-z0-9_./@%+=:,~-]+\Z")
 class Setup(Strict):
     """Environment set-up before the job runs; each value is quoted into the script."""
 
-    modules: list[str] = []
-    venv: str | None = None
-    conda: str | None = None
-    container: str | None = None
-    # With a container: what the job sees of the host besides the run directory and shared_paths (config.mounts),
-    # each entry PATH, SRC:DST or SRC:DST:ro; plan checks that the model, the data and the job's python are in one.
-    mounts: list[str] = []
-    # A command srun runs instead of handing pyxis its options: it takes the same --container-* options, then `--`
-    # and the task's command. For runtimes pyxis does not drive; the tests' mount-namespace stand-in uses it.
-    container_launcher: str | None = None
-    # The interpreter every in-job step runs (submitit's task, Ray's CLI, the drivers). Unset: <venv>/bin/python,
-    # else python3 of the conda env / container, else the interpreter that submitted (hpc_grpo.config.resolve.job_python).
-    python: str | None = None
+    modules: list[str] = Field(default=[], description="environment modules the job loads (`module load`), in order")
+    venv: str | None = Field(default=None, description="a Python venv the job activates (its bin/activate)")
+    conda: str | None = Field(default=None, description="a conda environment the job activates")
+    container: str | None = Field(default=None, description="the image every task runs in (pyxis: srun "
+                                  "--container-image); the job's python is then the image's python3")
+    mounts: list[str] = Field(default=[], description="with a container: what the job sees of the host besides the "
+                              "run directory and shared_paths, each PATH, SRC:DST or SRC:DST:ro; plan checks that the "
+                              "model, the data and the job's python are in one")
+    container_launcher: str | None = Field(
+        default=None, description="a command srun runs instead of handing pyxis its options: it takes the same "
+        "--container-* options, then `--` and the task's command (for runtimes pyxis does not drive)")
+    python: str | None = Field(default=None, description="the interpreter every in-job step runs (submitit's task, "
+                               "Ray's CLI, the drivers); unset: <venv>/bin/python, else python3 of the conda env or "
+                               "container, else the interpreter that submitted")
 
     _expand = field_validator("venv", "conda", "python", "container_launcher")(
         classmethod(lambda cls, v: None if v is None else expand_path(v))
@@ -46,27 +47,37 @@ class Setup(Strict):
 class Cluster(Strict):
     """One cluster profile: scheduler, partition, node shape, NCCL/network env, scratch root."""
 
-    name: str
-    description: str = ""
-    scheduler: Literal["slurm", "local"] = "slurm"
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    nodes_max: int = Field(default=1, gt=0)
-    gpus_per_node: int = Field(default=0, ge=0)
-    gpu_type: str | None = None
-    gpu_memory_gb: float = Field(default=80, gt=0)
-    cpus_per_node: int = Field(default=8, gt=0)
-    mem_per_node_gb: float = Field(default=64, gt=0)
-    gpu_request: Literal["gpus-per-node", "gres"] = "gpus-per-node"
-    time_max: str = "2-00:00:00"
-    signal_delay_s: int = Field(default=120, ge=0)
-    requeue: bool = True
-    # How a run carries on after a time limit or preemption: "requeue" (the job requeues itself, scontrol requeue)
-    # or "chain" (for sites where users may not requeue: each job queues its follow-on with
-    # --dependency=afternotok:<job>, which resumes only after TIMEOUT, PREEMPTED or NODE_FAIL).
-    restart: Literal["requeue", "chain"] = "requeue"
-    runs_root: str = "~/hpc-grpo-runs"
+    name: str = Field(description="the profile's name (its file name without .yaml)")
+    description: str = Field(default="", description="one line, shown by `hpc-grpo clusters`")
+    scheduler: Literal["slurm", "local"] = Field(default="slurm", description="slurm, or local: this machine, no "
+                                                 "scheduler (submitit's LocalExecutor, one node)")
+    partition: str | None = Field(default=None, description="the default Slurm partition (sbatch --partition)")
+    account: str | None = Field(default=None, description="the default Slurm account (sbatch --account)")
+    qos: str | None = Field(default=None, description="the default Slurm quality of service (sbatch --qos)")
+    nodes_max: int = Field(default=1, gt=0, description="most nodes a job may ask for; plan refuses more")
+    gpus_per_node: int = Field(default=0, ge=0, description="GPUs of one node; a recipe's default")
+    gpu_type: str | None = Field(default=None, description="the GPU type in the GPU request (gpu:TYPE:N); None: "
+                                 "no type")
+    gpu_memory_gb: float = Field(default=80, gt=0, description="memory of one GPU in GiB, for plan's memory "
+                                 "estimate")
+    cpus_per_node: int = Field(default=8, gt=0, description="CPUs of one node; a job's default cpus_per_task")
+    mem_per_node_gb: float = Field(default=64, gt=0, description="memory of one node in GB; the most a recipe's "
+                                   "resources.mem_gb may ask")
+    gpu_request: Literal["gpus-per-node", "gres"] = Field(
+        default="gpus-per-node", description="how GPUs are asked for: sbatch --gpus-per-node, or --gres=gpu:N for "
+        "sites that take only that")
+    time_max: str = Field(default="2-00:00:00", description="the partition's time limit, in Slurm's format; plan "
+                          "refuses a longer resources.time")
+    signal_delay_s: int = Field(default=120, ge=0, description="seconds before the time limit Slurm sends USR2 "
+                                "(sbatch --signal=USR2@N): the job saves a checkpoint then")
+    requeue: bool = Field(default=True, description="the job may be requeued (sbatch --requeue) after a time limit, "
+                          "preemption or node failure")
+    restart: Literal["requeue", "chain"] = Field(
+        default="requeue", description="how a run carries on after a time limit or preemption: requeue (the job "
+        "requeues itself) or chain (for sites where users may not requeue: each job queues its follow-on with "
+        "--dependency=afternotok, which resumes only after TIMEOUT, PREEMPTED or NODE_FAIL)")
+    runs_root: str = Field(default="~/hpc-grpo-runs", description="where run directories go, on a filesystem every "
+                           "node sees; `~` and $VARS expand at submit")
     shared_paths: list[str] = Field(default_factory=list, description="folders every node sees (checked for nodes > 1)")
     offline: bool = Field(default=False, description="compute nodes cannot reach the Hugging Face Hub")
     slurm_cluster_name: str | None = Field(default=None, description="Slurm's ClusterName: picks this profile")
@@ -74,8 +85,9 @@ class Cluster(Strict):
     # Ray silently rewrites 127.0.0.1 and localhost to the machine's external address.
     local_address: str = Field(default="127.0.0.2", description="scheduler=local: the job's Ray address (127.0.0.0/8, "
                                                                  "not 127.0.0.1)")
-    setup: Setup = Field(default_factory=Setup)
-    env: dict[str, str] = {}
+    setup: Setup = Field(default_factory=Setup, description="the job's environment set-up")
+    env: dict[str, str] = Field(default={}, description="variables the job exports (NCCL and network settings); "
+                                "no secrets")
 
     @field_validator("local_address")
     @classmethod

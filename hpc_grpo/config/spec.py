@@ -31,11 +31,20 @@ class ModelCfg(Strict):
     model.enable_gradient_checkpointing, Megatron (which ignores that key) full uniform recompute.
     """
 
-    path: str = Field(min_length=1)
-    dtype: Literal["bfloat16", "float16"] = "bfloat16"
-    gradient_checkpointing: bool = True
-    use_remove_padding: bool = True
-    trust_remote_code: bool = False
+    path: str = Field(min_length=1, description="a Hugging Face Hub id (ORG/NAME) or a local model folder; `~` and "
+                      "$VARS expand at submit (verl: actor_rollout_ref.model.path)")
+    dtype: Literal["bfloat16", "float16"] = Field(
+        default="bfloat16", description="training dtype; float16 on GPUs without bfloat16 (V100-class) (verl Megatron: "
+        "megatron.dtype; trl: bf16/fp16)")
+    gradient_checkpointing: bool = Field(
+        default=True, description="recompute activations in the backward pass: less memory, more compute (verl FSDP: "
+        "model.enable_gradient_checkpointing; Megatron: full uniform recompute; trl: activation_checkpointing)")
+    use_remove_padding: bool = Field(
+        default=True, description="pack sequences without padding tokens (verl: model.use_remove_padding; off in "
+        "verl's CPU mode)")
+    trust_remote_code: bool = Field(
+        default=False, description="run Python code shipped with the model when loading it (verl and trl: "
+        "trust_remote_code)")
 
     _expand = field_validator("path")(classmethod(lambda cls, v: expand_path(v)))
 
@@ -52,14 +61,23 @@ def file_list(files: DataFiles) -> list[str]:
 class DataCfg(Strict):
     """Prompt files and length limits (verl: data.*). train_files/val_files: one path or a list of paths."""
 
-    train_files: DataFiles = Field(min_length=1)
-    val_files: DataFiles = Field(min_length=1)
-    max_prompt_length: int = Field(default=512, gt=0)
-    max_response_length: int = Field(default=1024, gt=0)
-    filter_overlong_prompts: bool = True
-    truncation: Literal["error", "left", "right", "middle"] = "error"
-    shuffle: bool = True
-    train_rows: int | None = Field(default=None, gt=0, description="rows in train_files, for plans made where the file is not readable")
+    train_files: DataFiles = Field(min_length=1, description="training prompts: one file or a list, concatenated; "
+                                   "parquet for verl, jsonl for trl (`hpc-grpo data` writes both) (verl: data.train_files)")
+    val_files: DataFiles = Field(min_length=1, description="validation prompts, one file or a list (verl: "
+                                 "data.val_files)")
+    max_prompt_length: int = Field(default=512, gt=0, description="tokens of a prompt at most (verl: "
+                                   "data.max_prompt_length)")
+    max_response_length: int = Field(default=1024, gt=0, description="tokens generated per response at most (verl: "
+                                     "data.max_response_length; trl: max_completion_length)")
+    filter_overlong_prompts: bool = Field(default=True, description="drop prompts over max_prompt_length before "
+                                          "training (verl: data.filter_overlong_prompts)")
+    truncation: Literal["error", "left", "right", "middle"] = Field(
+        default="error", description="a prompt over max_prompt_length that reaches the trainer: fail, or cut it on "
+        "that side (verl: data.truncation)")
+    shuffle: bool = Field(default=True, description="shuffle the training prompts (verl: data.shuffle; trl: "
+                          "shuffle_dataset)")
+    train_rows: int | None = Field(default=None, gt=0, description="rows in train_files, for plans made where the "
+                                   "file is not readable (steps per epoch = rows // batch.train)")
 
     @field_validator("train_files", "val_files", mode="before")
     @classmethod
@@ -91,14 +109,19 @@ class _SlurmAsk(Strict):
 
     _words = field_validator("partition", "account", "qos")(classmethod(lambda cls, v: slurm_word(v)))
 
-    nodes: int = Field(default=1, gt=0)
-    gpus_per_node: int | None = Field(default=None, ge=0)
-    time: str
-    cpus_per_task: int | None = Field(default=None, gt=0)
-    mem_gb: int | None = Field(default=None, gt=0)
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
+    nodes: int = Field(default=1, gt=0, description="nodes the job asks for (sbatch --nodes; verl: trainer.nnodes)")
+    gpus_per_node: int | None = Field(default=None, ge=0, description="GPUs per node (sbatch --gpus-per-node or "
+                                      "--gres, as the cluster asks); None: the cluster's; 0: a CPU job")
+    time: str = Field(description="time limit, in Slurm's format (D-HH:MM:SS, HH:MM:SS, MM:SS or minutes); at most "
+                      "the cluster's time_max (sbatch --time)")
+    cpus_per_task: int | None = Field(default=None, gt=0, description="CPUs of the job's one task per node (sbatch "
+                                      "--cpus-per-task); None: every CPU of the cluster's node")
+    mem_gb: int | None = Field(default=None, gt=0, description="memory per node in GB (sbatch --mem); None: Slurm's "
+                               "default; at most the cluster's mem_per_node_gb")
+    partition: str | None = Field(default=None, description="Slurm partition (sbatch --partition); None: the "
+                                  "cluster's")
+    account: str | None = Field(default=None, description="Slurm account (sbatch --account); None: the cluster's")
+    qos: str | None = Field(default=None, description="Slurm quality of service (sbatch --qos); None: the cluster's")
 
     @field_validator("time", mode="before")
     @classmethod
@@ -114,26 +137,36 @@ class _SlurmAsk(Strict):
 class Resources(_SlurmAsk):
     """What to ask Slurm for. gpus_per_node defaults to the cluster's."""
 
-    # verl on CPU (engine verl, gpus_per_node 0; hpc_grpo.engines.verl_cpu): training processes per node, each
-    # holding one of Ray's stand-in GPUs, as one process per GPU does on a GPU node
-    cpu_workers_per_node: int = Field(default=1, gt=0, le=64)
-    time: str = "04:00:00"
-    # How often a time limit may requeue the run (preemptions and node failures requeue without limit): a run
-    # that keeps hitting its limit is stopped instead of queueing forever.
-    max_timeout_requeues: int = Field(default=3, ge=0, le=1000)
+    cpu_workers_per_node: int = Field(
+        default=1, gt=0, le=64, description="verl's CPU mode (engine verl, gpus_per_node 0): training processes per "
+        "node, each holding one of Ray's stand-in GPUs as one process per GPU does on a GPU node (verl: "
+        "trainer.n_gpus_per_node)")
+    time: str = Field(default="04:00:00", description="the training job's time limit, in Slurm's format "
+                      "(D-HH:MM:SS, HH:MM:SS, MM:SS or minutes); at most the cluster's time_max (sbatch --time)")
+    max_timeout_requeues: int = Field(
+        default=3, ge=0, le=1000, description="how often a time limit may requeue the run (preemptions and node "
+        "failures requeue without limit): a run that keeps hitting its limit stops instead of queueing forever")
 
 
 class Parallel(Strict):
     """Model-parallel layout. tp/pp/cp/ep/vpp are Megatron's; FSDP uses only rollout_tp (and sp)."""
 
-    tp: int = Field(default=1, gt=0)
-    pp: int = Field(default=1, gt=0)
-    cp: int = Field(default=1, gt=0)
-    ep: int = Field(default=1, gt=0)
-    etp: int | None = Field(default=None, gt=0)
-    vpp: int | None = Field(default=None, gt=0)
-    sequence_parallel: bool = False
-    rollout_tp: int = Field(default=1, gt=0)
+    tp: int = Field(default=1, gt=0, description="Megatron tensor parallel size; divides the attention and KV heads "
+                    "(verl: actor/ref megatron.tensor_model_parallel_size)")
+    pp: int = Field(default=1, gt=0, description="Megatron pipeline parallel size; divides the layers (verl: "
+                    "megatron.pipeline_model_parallel_size)")
+    cp: int = Field(default=1, gt=0, description="Megatron context parallel size: each sequence split over this many "
+                    "GPUs (verl: megatron.context_parallel_size)")
+    ep: int = Field(default=1, gt=0, description="Megatron expert parallel size of a MoE model; divides the experts "
+                    "(verl: megatron.expert_model_parallel_size)")
+    etp: int | None = Field(default=None, gt=0, description="Megatron expert tensor parallel size; None: not set, "
+                            "verl's default (verl: megatron.expert_tensor_parallel_size)")
+    vpp: int | None = Field(default=None, gt=0, description="virtual pipeline stages per pipeline rank (interleaved "
+                            "schedule); None: off (verl: megatron.virtual_pipeline_model_parallel_size)")
+    sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism within the tensor "
+                                    "parallel group (verl: megatron.sequence_parallel)")
+    rollout_tp: int = Field(default=1, gt=0, description="tensor parallel size of each rollout engine (verl: "
+                            "rollout.tensor_model_parallel_size; trl: vllm_tensor_parallel_size)")
 
 
 class CodeReward(Strict):
@@ -156,18 +189,27 @@ class Grpo(Strict):
     """The GRPO algorithm: group size, KL regularisation, learning rate."""
 
     n: int = Field(default=5, ge=2, description="responses per prompt (group size)")
-    kl_loss: bool = True
-    # verl's other KL: subtracted from each token's reward before the group advantage (algorithm.use_kl_in_reward)
-    kl_in_reward: bool = False
+    kl_loss: bool = Field(default=True, description="add KL(policy || reference), weighted by kl_coef, to the "
+                          "actor's loss (verl: actor.use_kl_loss; trl: beta is kl_coef, or 0 when off)")
+    kl_in_reward: bool = Field(default=False, description="subtract kl_coef x KL from each token's reward before the "
+                               "group advantage, verl's other KL (verl: algorithm.use_kl_in_reward)")
     kl_coef: float = Field(default=0.001, ge=0, description="KL weight: the loss's and, with kl_in_reward, the reward's")
-    kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl", "full"] = "low_var_kl"
-    lr: float = Field(default=1e-6, gt=0, lt=1)
-    entropy_coeff: float = Field(default=0.0, ge=0)
-    norm_adv_by_std: bool = True
-    temperature: float = Field(default=1.0, gt=0)
+    kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl", "full"] = Field(
+        default="low_var_kl", description="the loss's KL estimator: kl (k1), abs, mse (k2), low_var_kl (k3, bounded) or "
+        "full (verl: actor.kl_loss_type)")
+    lr: float = Field(default=1e-6, gt=0, lt=1, description="the actor's learning rate (verl: actor.optim.lr; trl: "
+                      "learning_rate)")
+    entropy_coeff: float = Field(default=0.0, ge=0, description="weight of the entropy bonus in the actor's loss; 0: "
+                                 "none (verl: actor.entropy_coeff; trl: entropy_coef)")
+    norm_adv_by_std: bool = Field(default=True, description="divide each group's advantages by its reward's standard "
+                                  "deviation (GRPO); false: subtract the group mean only (verl: "
+                                  "algorithm.norm_adv_by_std_in_grpo; trl: scale_rewards group or none)")
+    temperature: float = Field(default=1.0, gt=0, description="sampling temperature of the rollouts (verl: "
+                               "rollout.temperature; trl: temperature)")
     reward: str = Field(default="gsm8k_strict", description="a reward's name in hpc_grpo/rewards/registry.py")
     format_score: float = Field(default=0.0, ge=0, le=1, description="reward for a parsable but wrong answer")
-    code: CodeReward = Field(default_factory=CodeReward)
+    code: CodeReward = Field(default_factory=CodeReward, description="the execution reward's weights and limits "
+                             "(grpo.reward=code_exec)")
 
     @field_validator("reward")
     @classmethod
@@ -186,40 +228,64 @@ class Grpo(Strict):
 class Batch(Strict):
     """Batch sizes in prompts (train, mini) and samples per GPU (micro)."""
 
-    train: int = Field(default=1024, gt=0)
-    mini: int = Field(default=256, gt=0)
-    micro_per_gpu: int | None = Field(default=4, gt=0)
-    log_prob_micro_per_gpu: int | None = Field(default=8, gt=0)
-    dynamic_bsz: bool = False
-    max_token_len_per_gpu: int | None = Field(default=None, gt=0)
+    train: int = Field(default=1024, gt=0, description="prompts per training step, each sampled grpo.n times (verl: "
+                       "data.train_batch_size; trl: generation_batch_size)")
+    mini: int = Field(default=256, gt=0, description="prompts per optimizer update: train / mini updates per step "
+                      "(verl: actor.ppo_mini_batch_size; trl: gradient_accumulation_steps)")
+    micro_per_gpu: int | None = Field(default=4, gt=0, description="samples per GPU per forward/backward pass, "
+                                      "accumulated up to mini (verl: actor.ppo_micro_batch_size_per_gpu; trl: "
+                                      "per_device_train_batch_size); None with dynamic_bsz")
+    log_prob_micro_per_gpu: int | None = Field(default=8, gt=0, description="samples per GPU per log-prob pass of "
+                                               "the rollout and reference models (verl: "
+                                               "log_prob_micro_batch_size_per_gpu); None with dynamic_bsz")
+    dynamic_bsz: bool = Field(default=False, description="size micro-batches by tokens, not samples (verl: "
+                              "actor.use_dynamic_bsz and the log-prob passes')")
+    max_token_len_per_gpu: int | None = Field(default=None, gt=0, description="tokens per GPU per micro-batch with "
+                                              "dynamic_bsz; None: max_prompt_length + max_response_length (verl: "
+                                              "actor.ppo_max_token_len_per_gpu)")
 
 
 class Offload(Strict):
     """CPU offload of the actor's parameters/optimizer and the reference model's parameters."""
 
-    param: bool = False
-    optimizer: bool = False
-    ref_param: bool = True
+    param: bool = Field(default=False, description="keep the actor's parameters in CPU memory while another phase "
+                        "uses the GPU (verl: actor fsdp_config/megatron.param_offload)")
+    optimizer: bool = Field(default=False, description="keep the actor's optimizer states in CPU memory outside the "
+                            "update (verl: actor fsdp_config/megatron.optimizer_offload)")
+    ref_param: bool = Field(default=True, description="keep the reference model's parameters in CPU memory (verl: "
+                            "ref fsdp_config/megatron.param_offload)")
 
 
 class Lora(Strict):
     """LoRA adapter (rank 0 = full fine-tuning)."""
 
-    rank: int = Field(default=0, ge=0)
-    alpha: int = Field(default=16, gt=0)
-    dropout: float = Field(default=0.0, ge=0, lt=1)
-    target_modules: str | list[str] = "all-linear"
+    rank: int = Field(default=0, ge=0, description="LoRA rank; 0: full fine-tuning (verl: model.lora_rank; trl: "
+                      "peft's r)")
+    alpha: int = Field(default=16, gt=0, description="LoRA scaling: updates are scaled by alpha / rank (verl: "
+                       "model.lora_alpha; trl: lora_alpha)")
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on the adapter's input (verl Megatron: "
+                           "model.lora.dropout; trl: lora_dropout)")
+    target_modules: str | list[str] = Field(
+        default="all-linear", description="modules given adapters: all-linear or a list of module names, checked "
+        "against the model's weights by plan (verl: model.target_modules; trl: target_modules)")
 
 
 class Rollout(Strict):
     """The generation engine used for rollouts."""
 
-    name: Literal["vllm", "sglang", "hf"] = "vllm"
-    gpu_memory_utilization: float = Field(default=0.6, gt=0, le=1)
-    load_format: str | None = None
-    layered_summon: bool = False
+    name: Literal["vllm", "sglang", "hf"] = Field(
+        default="vllm", description="the generation engine: vllm, sglang, or hf (transformers' generate, no vLLM) "
+        "(verl: rollout.name; trl: use_vllm)")
+    gpu_memory_utilization: float = Field(default=0.6, gt=0, le=1, description="share of each GPU's memory the "
+                                          "rollout engine may take for weights and KV cache (verl: "
+                                          "rollout.gpu_memory_utilization)")
+    load_format: str | None = Field(default=None, description="how the rollout engine loads the weights; None: "
+                                    "verl's default, safetensors with FSDP + LoRA (verl: rollout.load_format)")
+    layered_summon: bool = Field(default=False, description="gather FSDP-sharded weights layer by layer when "
+                                 "syncing them to the rollout engine: less peak memory (verl: rollout.layered_summon)")
     max_num_seqs: int | None = Field(default=None, gt=0, description="vLLM's concurrent sequences; default: what one engine receives per step")
-    enforce_eager: bool = False
+    enforce_eager: bool = Field(default=False, description="run vLLM without CUDA graphs: less memory, slower "
+                                "(verl: rollout.enforce_eager; on in verl's CPU mode)")
 
 
 class Checkpoint(Strict):
@@ -230,7 +296,8 @@ class Checkpoint(Strict):
     the newest complete one, verl's tracker step, one younger than `grace_s`, one a reader has leased.
     """
 
-    save_freq: int = Field(default=50, gt=0)
+    save_freq: int = Field(default=50, gt=0, description="save every this many training steps, and at the last "
+                           "(verl: trainer.save_freq; trl: save_steps)")
     keep_last: int = Field(default=3, gt=0, description="newest complete checkpoints to keep")
     keep_every: int | None = Field(default=None, gt=0, description="also keep steps that are multiples of this")
     keep_best: str | None = Field(default=None, description="METRIC[:max|min]: also keep the best checkpoint")
@@ -238,7 +305,8 @@ class Checkpoint(Strict):
     grace_s: int = Field(default=300, ge=0, description="never remove a checkpoint written this recently")
     quarantine_days: float = Field(default=7.0, ge=0,
                                    description="delete incomplete checkpoints set aside at a job start after")
-    disk_gb: float | None = Field(default=None, gt=0, description="free space to require")
+    disk_gb: float | None = Field(default=None, gt=0, description="GiB of free space the runs root must have; "
+                                  "None: what retention keeps, estimated from the checkpoint's size")
 
     @field_validator("max_bytes", mode="before")
     @classmethod
@@ -256,28 +324,35 @@ class Checkpoint(Strict):
 class Train(Strict):
     """Length of training: epochs, or an explicit step count (which wins, as in verl)."""
 
-    total_epochs: int = Field(default=5, gt=0)
-    total_training_steps: int | None = Field(default=None, gt=0)
-    test_freq: int = Field(default=-1, ge=-1)
-    val_before_train: bool = False
-    seed: int = Field(default=0, ge=0)
+    total_epochs: int = Field(default=5, gt=0, description="passes over the training prompts (verl: "
+                              "trainer.total_epochs; trl: num_train_epochs)")
+    total_training_steps: int | None = Field(default=None, gt=0, description="training steps; wins over "
+                                             "total_epochs (verl: trainer.total_training_steps; trl: max_steps)")
+    test_freq: int = Field(default=-1, ge=-1, description="validate every this many steps; -1: never (verl: "
+                           "trainer.test_freq)")
+    val_before_train: bool = Field(default=False, description="validate once before the first step (verl: "
+                                   "trainer.val_before_train)")
+    seed: int = Field(default=0, ge=0, description="the trl trainer's random seed (trl: seed)")
 
 
 class Logging(Strict):
     """Loggers and the W&B project. The W&B run id is the run's name, so requeues continue one run."""
 
-    logger: list[Literal["console", "wandb", "tensorboard"]] = ["console"]
-    project: str = "hpc-grpo"
-    experiment: str | None = None
+    logger: list[Literal["console", "wandb", "tensorboard"]] = Field(
+        default=["console"], description="where metrics go: console, wandb, tensorboard (verl: trainer.logger, with "
+        "its file logger added for keep_best; trl: report_to)")
+    project: str = Field(default="hpc-grpo", description="the W&B project (verl: trainer.project_name)")
+    experiment: str | None = Field(default=None, description="the experiment's name; None: the run's name (verl: "
+                                   "trainer.experiment_name)")
 
 
 class EvalResources(_SlurmAsk):
     """What the evaluation job asks Slurm for: its own shape (one GPU node for vLLM), not the training job's."""
 
-    nodes: Literal[1] = 1
+    nodes: Literal[1] = Field(default=1, description="always 1: the evaluation runs on one node")
     gpus_per_node: int | None = Field(default=None, ge=0, description="None: the training job's GPUs per node "
                                       "for vllm, one for hf on a GPU run, none on a CPU run")
-    time: str = "01:00:00"
+    time: str = Field(default="01:00:00", description="the eval job's time limit, in Slurm's format (sbatch --time)")
 
 
 def default_eval_tasks(reward: str) -> list[str]:
@@ -300,15 +375,17 @@ class Eval(Strict):
     """Evaluation after training: GSM8K through lm-eval's own task definitions (offline, on local files), HumanEval
     pass@1 through the training reward's sandbox. Unset tasks follow grpo.reward (default_eval_tasks)."""
 
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="evaluate the base model and the trained policy after training "
+                          "(on Slurm an eval job queued after the training job)")
     tasks: list[str] = Field(
         default_factory=lambda: default_eval_tasks(Grpo.model_fields["reward"].default), min_length=1,
-        description="None/unset: by grpo.reward (its registry entry's eval task)")
+        description="eval tasks (hpc_grpo/evaluation/tasks.py); unset: the eval task of grpo.reward's registry entry")
     limit: int | None = Field(default=None, gt=0, description="first K test problems (None: all)")
     num_fewshot: int | None = Field(default=None, ge=0, description="None: the task's own (gsm8k 5, gsm8k_cot 8)")
     backend: Literal["hf", "vllm"] | None = Field(default=None, description="None: vllm when training uses GPUs, "
                                                   "hf on the CPU otherwise (evaluate.eval_resources)")
-    batch_size: int = Field(default=8, gt=0)
+    batch_size: int = Field(default=8, gt=0, description="prompts per batch of the evaluation (lm-eval's and "
+                            "HumanEval's --batch_size)")
     max_gen_toks: int | None = Field(default=None, gt=0, description="None: the task's own (256)")
     test_file: str | None = Field(default=None, description="the lm-eval task's test jsonl (GSM8K: question/answer, "
                                   "MATH: problem/solution); default: test.jsonl beside data.val_files' raw source, "
@@ -316,8 +393,9 @@ class Eval(Strict):
     train_file: str | None = Field(default=None, description="its train jsonl, for the few-shot examples")
     tp: int | None = Field(default=None, gt=0, description="vLLM tensor parallel size, dividing the eval GPUs "
                            "(None: parallel.rollout_tp); the other GPUs hold data-parallel replicas")
-    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
-    resources: EvalResources = Field(default_factory=EvalResources)
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1, description="share of each eval GPU's memory "
+                                          "vLLM may take")
+    resources: EvalResources = Field(default_factory=EvalResources, description="what the eval job asks Slurm for")
 
     _expand = field_validator("test_file", "train_file")(
         classmethod(lambda cls, v: None if v is None else expand_path(v))
@@ -329,31 +407,35 @@ class Launch(Strict):
     """Replace the engine's driver command (a probe in tests, a custom entry point). A leading `python3` or `python`
     means the job's interpreter (RunSpec.python), as every other in-job step runs it."""
 
-    driver: list[str] | None = None
-    ray_join_timeout_s: int = Field(default=180, gt=0)
+    driver: list[str] | None = Field(default=None, description="argv the job runs instead of the engine's driver; "
+                                     "a leading python or python3 is the job's interpreter")
+    ray_join_timeout_s: int = Field(default=180, gt=0, description="seconds node 0 waits for every node's Ray worker "
+                                    "to join before the job fails, naming the missing nodes")
 
 
 class Recipe(Strict):
     """One training recipe: model, data, layout, algorithm, batches, checkpointing."""
 
-    name: str
-    description: str = ""
-    engine: Literal["verl", "trl"] = "verl"
-    backend: Literal["fsdp", "megatron"] = "fsdp"
-    model: ModelCfg
-    data: DataCfg
-    resources: Resources = Field(default_factory=Resources)
-    parallel: Parallel = Field(default_factory=Parallel)
-    grpo: Grpo = Field(default_factory=Grpo)
-    batch: Batch = Field(default_factory=Batch)
-    offload: Offload = Field(default_factory=Offload)
-    lora: Lora = Field(default_factory=Lora)
-    rollout: Rollout = Field(default_factory=Rollout)
-    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
-    train: Train = Field(default_factory=Train)
-    logging: Logging = Field(default_factory=Logging)
-    eval: Eval = Field(default_factory=Eval)
-    launch: Launch = Field(default_factory=Launch)
+    name: str = Field(description="the recipe's name (its file name without .yaml): letters, digits, '.', '_', '-'")
+    description: str = Field(default="", description="one line, shown by `hpc-grpo recipes`")
+    engine: Literal["verl", "trl"] = Field(default="verl", description="the trainer: verl (Ray, vLLM, multi-node) or "
+                                           "trl (one node, GPU or CPU)")
+    backend: Literal["fsdp", "megatron"] = Field(default="fsdp", description="verl's training backend: fsdp or "
+                                                 "megatron (trl: fsdp)")
+    model: ModelCfg = Field(description="the policy model")
+    data: DataCfg = Field(description="prompt files and length limits")
+    resources: Resources = Field(default_factory=Resources, description="what the training job asks Slurm for")
+    parallel: Parallel = Field(default_factory=Parallel, description="the model-parallel layout")
+    grpo: Grpo = Field(default_factory=Grpo, description="the algorithm: group size, KL, learning rate, reward")
+    batch: Batch = Field(default_factory=Batch, description="batch sizes")
+    offload: Offload = Field(default_factory=Offload, description="CPU offload")
+    lora: Lora = Field(default_factory=Lora, description="the LoRA adapter")
+    rollout: Rollout = Field(default_factory=Rollout, description="the generation engine")
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="saving and retention")
+    train: Train = Field(default_factory=Train, description="length of training and validation")
+    logging: Logging = Field(default_factory=Logging, description="metrics loggers")
+    eval: Eval = Field(default_factory=Eval, description="evaluation after training")
+    launch: Launch = Field(default_factory=Launch, description="the job's driver and Ray start-up")
     passthrough: dict[str, Any] = Field(
         default_factory=dict, description="engine keys the schema does not model, verbatim"
     )
@@ -404,24 +486,24 @@ class Recipe(Strict):
 class Acceptance(Strict):
     """An estimate's error the user accepted explicitly (`plan/submit --accept CHECK`), kept in the frozen spec."""
 
-    check: str
-    finding: str = ""  # the error as plan stated it when it was accepted
+    check: str = Field(description="the accepted check's name, as `--accept CHECK` took it")
+    finding: str = Field(default="", description="the error as plan stated it when it was accepted")
 
 
 # -------------------------------------------------------------------------------------- run spec
 class RunSpec(Strict):
     """The frozen spec a run is made from: recipe and cluster resolved, with the run's place."""
 
-    version: str
-    run_name: str
-    run_dir: str
-    created: str
-    recipe: Recipe
-    cluster: Cluster
-    # Frozen at render/submit time: one interpreter for every in-job step, on every node and restart.
-    python: str
-    overrides: list[str] = []
-    accepted: list[Acceptance] = []
+    version: str = Field(description="the hpc-grpo version that froze the spec")
+    run_name: str = Field(description="the run's name: its folder's name and Slurm's job name")
+    run_dir: str = Field(description="the run directory, absolute")
+    created: str = Field(description="when the spec was frozen, local time with its UTC offset")
+    recipe: Recipe = Field(description="the recipe, overrides applied")
+    cluster: Cluster = Field(description="the cluster profile, overrides applied")
+    python: str = Field(description="the interpreter every in-job step runs, on every node and restart "
+                        "(config.resolve.job_python)")
+    overrides: list[str] = Field(default=[], description="the key=value overrides given at submit, in order")
+    accepted: list[Acceptance] = Field(default=[], description="plan's errors accepted with `--accept`")
 
     @property
     def path(self) -> Path:

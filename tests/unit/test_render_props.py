@@ -36,9 +36,10 @@ from hpc_grpo.engines import get_engine
 from hpc_grpo.evaluation import evaluate
 from hpc_grpo.launch import render
 from hpc_grpo.runstate import layout
-from tests.unit.test_golden import MATRIX, NOW, OVERRIDES, RUN_NAME, pinned_env  # noqa: F401 (a fixture)
+from tests.unit.test_golden import MATRIX, NOW, OVERRIDES, RUN_NAME, pinned_env  # noqa: F401 (pinned_env: a fixture)
 
 IDS = [f"{r}__{c}" for r, c in MATRIX]
+pytestmark = pytest.mark.usefixtures("pinned_env")  # the golden inputs: HOME, USER, no secrets
 SBATCH_RE = re.compile(r"^#SBATCH --([a-z-]+)(?:=(.*))?$", re.M)
 # Stand-ins for what would leave this machine; `report` prints its arguments, a separator, then the environment.
 STUBS = r"""
@@ -105,8 +106,7 @@ def overrides_of(argv: list[str]) -> dict[str, str]:
 
 # --------------------------------------------------------------------------------- the batch scripts
 @pytest.mark.parametrize(("recipe", "cluster"), MATRIX, ids=IDS)
-def test_the_batch_script_asks_for_the_plans_layout_and_starts_one_task_per_node(recipe: str, cluster: str,
-                                                                                 pinned_env: None) -> None:
+def test_the_batch_script_asks_for_the_plans_layout_and_starts_one_task_per_node(recipe: str, cluster: str) -> None:
     spec, files = spec_and_files(recipe, cluster)
     plan = layout_of(spec)
     opts = sbatch_options(files["scripts/sbatch.sh"])
@@ -129,8 +129,7 @@ def test_the_batch_script_asks_for_the_plans_layout_and_starts_one_task_per_node
 
 
 @pytest.mark.parametrize(("recipe", "cluster"), MATRIX, ids=IDS)
-def test_the_eval_script_exists_exactly_when_an_eval_job_is_queued(recipe: str, cluster: str,
-                                                                   pinned_env: None) -> None:
+def test_the_eval_script_exists_exactly_when_an_eval_job_is_queued(recipe: str, cluster: str) -> None:
     spec, files = spec_and_files(recipe, cluster)
     assert ("scripts/eval_sbatch.sh" in files) == evaluate.queued_after_training(spec)
     if "scripts/eval_sbatch.sh" in files:
@@ -157,8 +156,7 @@ def check_verl_layout(spec: RunSpec, driver: list[str]) -> None:
 
 
 @pytest.mark.parametrize(("recipe", "cluster"), MATRIX, ids=IDS)
-def test_the_launch_script_starts_the_layout_with_the_engines_command_exactly(recipe: str, cluster: str,
-                                                                              pinned_env: None) -> None:
+def test_the_launch_script_starts_the_layout_with_the_engines_command_exactly(recipe: str, cluster: str) -> None:
     spec, files = spec_and_files(recipe, cluster)
     cmd = get_engine(spec.recipe.engine).command(spec)
     custom = spec.recipe.launch.driver
@@ -203,7 +201,7 @@ def template_text() -> str:
 
 
 @pytest.mark.parametrize(("recipe", "cluster"), MATRIX, ids=IDS)
-def test_every_value_in_a_script_went_through_the_one_shell_filter(recipe: str, cluster: str, pinned_env: None,
+def test_every_value_in_a_script_went_through_the_one_shell_filter(recipe: str, cluster: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A value that reached a script some other way (a pre-quoted string handed to a template, text pasted in by
     Python) would appear outside the marks."""
@@ -225,7 +223,7 @@ def test_every_value_in_a_script_went_through_the_one_shell_filter(recipe: str, 
 
 # --------------------------------------------------------------------------------- the frozen spec
 @pytest.mark.parametrize(("recipe", "cluster"), MATRIX, ids=IDS)
-def test_the_frozen_spec_reads_back_to_the_spec(recipe: str, cluster: str, pinned_env: None, tmp_path: Path) -> None:
+def test_the_frozen_spec_reads_back_to_the_spec(recipe: str, cluster: str, tmp_path: Path) -> None:
     spec, files = spec_and_files(recipe, cluster)
     render.write_files(tmp_path, files)
     assert load_frozen(tmp_path / layout.SPEC_FILE) == spec
