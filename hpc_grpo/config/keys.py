@@ -58,10 +58,19 @@ ALIASES = {
 }
 
 
+def described(model: type[BaseModel], dotted: str) -> str:
+    """', what the key is', from the description where its field is declared; '' for a key with none."""
+    loc = tuple(dotted.split("."))
+    owner = _model_at(model, loc)
+    field = owner.model_fields.get(loc[-1]) if owner is not None else None
+    return f", {field.description}" if field is not None and field.description else ""
+
+
 def did_you_mean(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """The key the user probably meant, with what it is: a known alias, else the closest name where the key was."""
     dotted = ".".join(map(str, loc))
     if model is Recipe and dotted in ALIASES:
-        return f"did you mean '{ALIASES[dotted]}'? "
+        return f"did you mean '{ALIASES[dotted]}'{described(Recipe, ALIASES[dotted])}? "
     if model is RunSpec and loc[:1] == ("recipe",):  # a frozen spec.yaml: its recipe section holds recipe keys
         hint = did_you_mean(Recipe, loc[1:])
         return hint.replace("did you mean '", "did you mean 'recipe.", 1) if hint.startswith("did you") else hint
@@ -71,7 +80,8 @@ def did_you_mean(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
     names = list(owner.model_fields)
     close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.5)
     if close:
-        return f"did you mean '{'.'.join(map(str, (*loc[:-1], close[0])))}'? "
+        suggestion = ".".join(map(str, (*loc[:-1], close[0])))
+        return f"did you mean '{suggestion}'{described(model, suggestion)}? "
     return f"valid keys here: {', '.join(names)}. "
 
 

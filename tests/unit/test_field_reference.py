@@ -79,3 +79,19 @@ def test_no_description_cites_where_it_came_from(word: str) -> None:
     said = [f"{prefix}{name}" for model, prefix in reference.all_models().items()
             for name, field in model.model_fields.items() if word in (field.description or "").lower()]
     assert not said, said
+
+
+@pytest.mark.parametrize(("override", "meant", "model", "field"), [
+    ("grpo.learning_rate=1e-5", "grpo.lr", spec.Grpo, "lr"),  # a name from trl
+    ("batch.trian=8", "batch.train", spec.Batch, "train"),  # a typo
+    ("cluster.gpu_per_node=4", "gpus_per_node", cluster.Cluster, "gpus_per_node"),
+])
+def test_an_unknown_key_is_answered_with_the_meant_keys_description(override: str, meant: str, model: type[BaseModel],
+                                                                    field: str, isolated: Path) -> None:
+    from hpc_grpo.common.yamlio import SpecError
+    from hpc_grpo.config.resolve import resolve_spec
+
+    with pytest.raises(SpecError) as err:
+        resolve_spec("tiny-gsm8k", "local", [override])
+    description = model.model_fields[field].description
+    assert description and f"did you mean '{meant}', {description}?" in str(err.value), err.value

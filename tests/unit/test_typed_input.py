@@ -127,14 +127,14 @@ def test_a_retired_key_name_is_refused_naming_the_new_one(tmp_path: Path) -> Non
     (tmp_path / "home").mkdir()
     proc = cli("plan", f"recipe={RECIPE}", f"cluster={CLUSTER}", "checkpoint.keep=1", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "checkpoint.keep: unknown key (command line); did you mean 'checkpoint.keep_last'?" in proc.stderr, \
-        proc.stderr
+    assert ("checkpoint.keep: unknown key (command line); did you mean 'checkpoint.keep_last', newest complete "
+            "checkpoints to keep?") in " ".join(proc.stderr.split()), proc.stderr
     assert "Traceback" not in proc.stderr
     (tmp_path / "lib" / "recipes").mkdir(parents=True)
     (tmp_path / "lib" / "recipes" / "old.yaml").write_text(f"extends: {RECIPE}\ncheckpoint:\n  keep: 1\n")
     proc = cli("plan", "recipe=old", f"cluster={CLUSTER}", cwd=tmp_path, env={"HPC_GRPO_PATH": str(tmp_path / "lib")})
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "old.yaml:3" in proc.stderr and "did you mean 'checkpoint.keep_last'?" in proc.stderr, proc.stderr
+    assert "old.yaml:3" in proc.stderr and "did you mean 'checkpoint.keep_last'," in proc.stderr, proc.stderr
 
 
 def test_a_frozen_spec_with_a_retired_key_is_refused_naming_the_new_one(tmp_path: Path) -> None:
@@ -151,7 +151,8 @@ def test_a_frozen_spec_with_a_retired_key_is_refused_naming_the_new_one(tmp_path
         load_frozen(frozen)
     line = text.splitlines().index("    keep_last: 5") + 1
     assert str(err.value).startswith(f"recipe.checkpoint.keep: unknown key ({frozen}:{line}); "
-                                     "did you mean 'recipe.checkpoint.keep_last'?"), err.value
+                                     "did you mean 'recipe.checkpoint.keep_last', newest complete checkpoints to "
+                                     "keep?"), err.value
 
 
 # ------------------------------------------------------------------------------- 4. unreadable data
