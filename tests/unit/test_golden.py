@@ -62,7 +62,8 @@ MAX_FILES_PER_KEY = 20
 GOLDEN_SET: dict[tuple[str, str], str] = {
     ("qwen2.5-3b-gsm8k-lora", "a100-ib"): "verl FSDP + LoRA + vLLM on GPUs; setup modules and venv, InfiniBand NCCL "
                                           "env, --gpus-per-node with a GPU type",
-    ("qwen2.5-3b-gsm8k-lora", "h100-efa"): "the same recipe with a conda setup and EFA's libfabric env",
+    ("qwen2.5-3b-gsm8k-lora", "h100-efa"): "the same recipe with a conda setup and EFA's libfabric env (72b on "
+                                           "h100-efa pins these too: the pair to drop when a new recipe needs room)",
     ("qwen2.5-3b-gsm8k-lora", "h100-roce"): "the same recipe in a container: pyxis srun options, mounts, python3 of "
                                             "the image, requeue asked by the batch script, --gres, a qos",
     ("qwen2.5-72b-megatron", "h100-efa"): "verl Megatron dense, multi-node (4 x 8): TP x PP, sequence parallel, "
