@@ -69,7 +69,7 @@ run_phase() {
   echo "$name $(($(date +%s) - start)) $status" >> "$report/phases"
 }
 run_phase lint "${lint[@]}"
-run_phase unit "${pytest[@]}" -n 2 --durations=15 --junitxml="$report/unit.xml" tests/unit
+run_phase unit "${pytest[@]}" -n 2 --dist loadgroup --durations=15 --junitxml="$report/unit.xml" tests/unit
 run_phase slurm "${pytest[@]}" --durations=15 --junitxml="$report/slurm.xml" tests/slurm
 run_phase local "${pytest[@]}" --durations=15 --junitxml="$report/local.xml" tests/local
 
