@@ -6,6 +6,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
+started=$(date +%s)
 bash tools/setup-env.sh dev
 # The full verl stack for tests/slurm/test_verl_main_ppo.py (verl's own main_ppo in a real job); skipped when complete.
 bash tools/setup-env.sh verl
@@ -45,11 +46,32 @@ if [ -f .slurm-dev/env.sh ]; then
   source .slurm-dev/env.sh
 fi
 
-# The linter and the type checker (pyproject.toml's [tool.ruff] and [tool.mypy]): a finding fails the run
-echo "hpc-grpo: ruff and mypy over hpc_grpo/"
-.venv/bin/ruff check hpc_grpo
-.venv/bin/mypy
-
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # -rs: every skip prints its reason in the summary
-.venv/bin/python -m pytest -q -rs -p no:cacheprovider --durations=15 "$@"
+pytest=(.venv/bin/python -m pytest -q -rs -p no:cacheprovider)
+lint=(bash -c '.venv/bin/ruff check hpc_grpo && .venv/bin/mypy')  # pyproject's [tool.ruff] and [tool.mypy]
+if [ "$#" -gt 0 ]; then  # a developer's own selection: lint, then one pytest run, as asked
+  "${lint[@]}"
+  "${pytest[@]}" --durations=15 "$@"
+  exit
+fi
+
+# The whole suite in phases, each timed; the unit tests in parallel (pytest-xdist: they share no state). A phase's
+# failure does not stop the next ones: one run shows every failure. The table and the total come last.
+report="$(mktemp -d)"
+echo "setup $(($(date +%s) - started)) 0" > "$report/phases"
+run_phase() {
+  local name="$1" start status=0
+  shift
+  start=$(date +%s)
+  echo "hpc-grpo: phase $name"
+  "$@" || status=$?
+  echo "$name $(($(date +%s) - start)) $status" >> "$report/phases"
+}
+run_phase lint "${lint[@]}"
+run_phase unit "${pytest[@]}" -n 2 --dist loadgroup --durations=15 --junitxml="$report/unit.xml" tests/unit
+run_phase slurm "${pytest[@]}" --durations=15 --junitxml="$report/slurm.xml" tests/slurm
+run_phase local "${pytest[@]}" --durations=15 --junitxml="$report/local.xml" tests/local
+
+.venv/bin/python tools/ci_summary.py "$report/phases" "$report"
+! grep -qv ' 0$' "$report/phases"

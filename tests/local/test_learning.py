@@ -12,15 +12,14 @@ dropped on purpose gained +0.003; one lucky correct answer in a window moves its
 
 The runs go through the product's front door (`hpc-grpo submit ... cluster=local --wait`): trl on the dev venv,
 verl's real trainer on .venv-verl (HPC_GRPO_VERL_VENV) with hpc-grpo's HF sampler, and with verl's own vLLM rollout
-on vLLM's CPU build, LoRA and full weights with the KL loss. verl on 2 Slurm nodes: tests/slurm/test_verl_lifecycle.py.
+on vLLM's CPU build, full weights with the KL loss. verl with vLLM and LoRA learns in
+tests/slurm/test_verl_lifecycle.py (2 Slurm nodes, across a preemption, the same margin rule), one run for both.
 
-Two more things ride on these runs (each verl start costs a minute or two of CI):
-- the vLLM LoRA case is the README's tiny-verl command as typed, from `.venv`'s hpc-grpo with no `cluster.setup.venv`:
-  the job must run the checkout's `.venv-verl` (the submitting interpreter cannot run verl) and say so;
-- every verl case submits from a HOME holding a stray `~/.ray/auth_token`, as a driver that once started its own Ray
-  leaves on a shared home: every Ray of the job must still agree on one authentication mode
-  (hpc_grpo.job.node_plan.auth_mode), and the launch path (Ray head on 127.0.0.2 in the job's port block, teardown
-  order) is checked on the job's log.
+One more thing rides on these runs (each verl start costs a minute or two of CI): every verl case submits from a
+HOME holding a stray `~/.ray/auth_token`, as a driver that once started its own Ray leaves on a shared home: every
+Ray of the job must still agree on one authentication mode (hpc_grpo.job.node_plan.auth_mode), and the launch path
+(Ray head on 127.0.0.2 in the job's port block, teardown order) is checked on the job's log. The README's way of
+running verl on CPU (`.venv`'s hpc-grpo switching to `.venv-verl`) rides on tests/local/test_verl_local.py's run.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ from tests.conftest import require_gsm8k
 
 REPO = Path(__file__).resolve().parents[2]
 VERL_VENV = Path(os.environ.get("HPC_GRPO_VERL_VENV") or REPO / ".venv-verl")
-DEV_CLI = REPO / ".venv" / "bin" / "hpc-grpo"
 MARGIN = 0.015
 ALL_CASES = "HPC_GRPO_LEARNING_ALL"  # CI runs the HF-sampler case only when this is 1
 STEPS = 16
@@ -60,9 +58,8 @@ def _verl_venv(sampler: str) -> Path:
     return VERL_VENV
 
 
-def train(tmp_path: Path, recipe: str, *overrides: str, cli: list[str] | None = None) -> tuple[Path, str]:
-    """Train `recipe` on cluster=local through the CLI (this interpreter's, or `cli`); the run directory and what
-    the CLI printed."""
+def train(tmp_path: Path, recipe: str, *overrides: str) -> tuple[Path, str]:
+    """Train `recipe` on cluster=local through this interpreter's CLI; the run directory and what it printed."""
     from hpc_grpo.data.gsm8k import prepare_gsm8k
     from hpc_grpo.data.tiny_model import ensure_tiny_model
 
@@ -81,7 +78,7 @@ def train(tmp_path: Path, recipe: str, *overrides: str, cli: list[str] | None = 
     (home / ".ray").mkdir(parents=True)
     (home / ".ray" / "auth_token").write_text(STRAY_TOKEN)
     env.update(HOME=str(home), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    argv = [*(cli or [sys.executable, "-m", "hpc_grpo.cli.app"]), "submit", f"recipe={recipe}", "cluster=local",
+    argv = [sys.executable, "-m", "hpc_grpo.cli.app", "submit", f"recipe={recipe}", "cluster=local",
             f"cluster.runs_root={tmp_path / 'runs'}", f"model.path={model}", f"data.train_files={files[0]}",
             f"data.val_files={files[1]}", f"train.total_training_steps={STEPS}", "eval.enabled=false",
             *overrides, "--name", "learn", "--wait"]
@@ -127,8 +124,8 @@ def test_trl_learns(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sampler, weights", [
     ("hf", "lora"),     # hpc-grpo's HF server, the adapter loaded through peft
-    ("vllm", "lora"),   # verl's vLLM server: the adapter through vLLM's LoRA loading (add_lora)
     ("vllm", "full"),   # verl's vLLM server: full weights through the shared-memory sender; KL to the reference
+    # verl's vLLM server with the adapter through vLLM's LoRA loading (add_lora): tests/slurm/test_verl_lifecycle.py
 ])
 def test_verl_learns(tmp_path: Path, sampler: str, weights: str) -> None:
     if sampler == "hf" and os.environ.get("CI") == "true" and os.environ.get(ALL_CASES) != "1":
@@ -138,13 +135,7 @@ def test_verl_learns(tmp_path: Path, sampler: str, weights: str) -> None:
         pytest.skip(reason)
     venv = _verl_venv(sampler)
     extra = ["lora.rank=0", "grpo.lr=1e-2", "grpo.kl_loss=true"] if weights == "full" else []
-    readme = sampler == "vllm" and weights == "lora" and venv == REPO / ".venv-verl" and DEV_CLI.exists()
-    if readme:  # tiny-verl as the README types it: .venv's hpc-grpo, the job finds the checkout's .venv-verl
-        run, said = train(tmp_path, "tiny-verl", cli=[str(DEV_CLI)])
-        assert f"python: {venv}/bin/python (the checkout's .venv-verl: the submitting interpreter" in said, said[:2000]
-        assert f"python: {venv}/bin/python" in (run / "spec.yaml").read_text()
-    else:
-        run, _ = train(tmp_path, "tiny-verl", f"cluster.setup.venv={venv}", f"rollout.name={sampler}", *extra)
+    run, _ = train(tmp_path, "tiny-verl", f"cluster.setup.venv={venv}", f"rollout.name={sampler}", *extra)
     assert_learns(run)
     assert_launch_path(run)
     from hpc_grpo.runstate.metrics import logged_metrics

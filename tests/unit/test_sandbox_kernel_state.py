@@ -25,6 +25,10 @@ import pytest
 
 from tests.unit.test_sandbox_isolation import Runner, as_root, as_user, completion, kill_marked, marked
 
+# One xdist worker for both sandbox tables: they start daemons and count the machine's SysV IPC keys, which a
+# table running beside them on the other worker would change (tools/run-tests.sh runs unit tests with -n 2).
+pytestmark = pytest.mark.xdist_group("sandbox-kernel-state")
+
 ROOT = __import__("os").geteuid() == 0
 LIBC = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
 # Each snippet sets `ok` when it found what an earlier sample (or the scorer) left; else it leaves it for the next.
