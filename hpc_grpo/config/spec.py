@@ -145,7 +145,7 @@ class CodeReward(Strict):
     no_code_penalty: float = Field(default=0.5, ge=0, description="subtracted when the completion holds no code")
     per_test_timeout: float = Field(default=1.0, gt=0, le=60, description="wall seconds per test; the first overrun ends the completion")
     memory_mb: int = Field(default=1024, ge=64, description="memory of the code under test, all its processes together "
-                           "(RLIMIT_AS of memory_mb / max_procs each: hpc_grpo/job/sandbox_kernel.py)")
+                           "(RLIMIT_AS of memory_mb / max_procs each: hpc_grpo/sandbox/sandbox_kernel.py)")
     # hpc_grpo/cluster/isolation.py: auto runs the code in namespaces (root, or a normal user's user namespaces) and
     # refuses where the node has none; limits-only is the explicit consent to resource limits only.
     isolation: Literal["auto", "limits-only"] = Field(

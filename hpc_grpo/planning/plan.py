@@ -136,7 +136,7 @@ def check_code_isolation(spec: RunSpec) -> tuple[str | None, list[Finding]]:
     line, findings = _code_isolation(spec)
     if line is None:
         return line, findings
-    from hpc_grpo.job.sandbox_kernel import memory_rule
+    from hpc_grpo.sandbox.sandbox_kernel import memory_rule
     from hpc_grpo.rewards.code import RewardWeights
 
     return f"{line}; {memory_rule(spec.recipe.grpo.code.memory_mb, RewardWeights().max_procs)}", findings

@@ -1,7 +1,7 @@
 """Execution reward for code generation, one module for both engines.
 
 A completion is scored by running its code against the problem's tests in the sandbox
-(hpc_grpo/job/code_sandbox.py: its own process, namespaces and limits, killed at the end; without namespaces
+(hpc_grpo/sandbox/code_sandbox.py: its own process, namespaces and limits, killed at the end; without namespaces
 on the node it refuses to run unless grpo.code.isolation=limits-only: hpc_grpo/cluster/isolation.py):
 
     score = pass_weight * passed/total + style_weight * style      (style counted only if a test passed)
@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 DATA_SOURCE = "hpc-grpo/codegen"
-SANDBOX = Path(__file__).resolve().parents[1] / "job" / "code_sandbox.py"
+SANDBOX = isolation.SANDBOX  # the runner's file
 # Loads the runner as a module, not as a script: Python compiles a script on every start (5-9 ms for the runner,
 # per completion) but reads a module's cached bytecode (__pycache__, written where the checkout is writable).
 _BOOT = ("import importlib.util as u,sys;s=u.spec_from_file_location('code_sandbox',sys.argv[1]);"

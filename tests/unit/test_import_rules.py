@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cluster",),
     ("runstate",),
     ("engines",),
-    ("rewards", "data"),
+    ("rewards", "data", "sandbox"),
     ("evaluation",),
     ("launch",),
     ("planning",),
@@ -49,11 +49,6 @@ PLACED: dict[str, tuple[str, str]] = {
     # Which profile a command means when none is typed; its last resort asks this machine's Slurm for its
     # ClusterName (cluster.slurm), so it sits above cluster although it picks among config's profiles.
     f"{PACKAGE}.config.clusterpick": ("cluster", "asks Slurm which cluster this machine is"),
-    # The code reward's runner and its kernel settings: standard library only, loaded by file path into the
-    # sandbox's bare interpreter (a process of its own, so it lives in job/); rewards share its encoder, plan
-    # states its memory rule.
-    f"{PACKAGE}.job.code_sandbox": ("rewards", "the code reward's runner, standard library only"),
-    f"{PACKAGE}.job.sandbox_kernel": ("rewards", "the sandbox's kernel settings, standard library only"),
     # The table of compatibility shims (old names, what needs them, their end dates): plain data, importing nothing.
     f"{PACKAGE}.compat": ("common", "the compatibility shims' table, plain data"),
     # The reward and eval-task registries: plain data and import paths as strings, importing nothing of ours;
