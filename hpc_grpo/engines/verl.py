@@ -11,7 +11,7 @@ from pathlib import Path
 from hpc_grpo.runstate import checkpoints, layout, runs
 from hpc_grpo.engines import verl_cpu, vllm_cpu
 from hpc_grpo.engines.base import EngineCommand, JobImports, Override
-from hpc_grpo.engines.verl_keys import KEY_RE, VERL_VERSION, bare_key, format_value, real_fix, real_key_for
+from hpc_grpo.config.verl_keys import KEY_RE, VERL_VERSION, bare_key, format_value, real_fix, real_key_for
 from hpc_grpo.common.findings import Finding, error, warning
 from hpc_grpo.config.engine_traits import VERL
 from hpc_grpo.config.spec import RunSpec

@@ -43,9 +43,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 PLACED: dict[str, tuple[str, str]] = {
     # hpc_grpo/__init__.py: only __version__ (config.resolve freezes it into spec.yaml, render prints it).
     PACKAGE: ("common", "holds only __version__"),
-    # verl's key tables (which keys are verl's, what flags pasted from guides really are): plain data, importing nothing
-    # of ours; config.resolve routes command-line overrides with them. Engine knowledge, so it lives in engines/.
-    f"{PACKAGE}.engines.verl_keys": ("config", "verl's key tables, read by config.resolve to route overrides"),
     # Which profile a command means when none is typed; its last resort asks this machine's Slurm for its
     # ClusterName (cluster.slurm), so it sits above cluster although it picks among config's profiles.
     f"{PACKAGE}.config.clusterpick": ("cluster", "asks Slurm which cluster this machine is"),
@@ -280,7 +277,6 @@ def test_a_synthetic_upward_import_and_cycle_are_reported(tmp_path: Path) -> Non
 
 def test_layer_of_uses_placements_and_packages() -> None:
     assert layer_of("hpc_grpo.engines.verl")[1] == "engines"
-    assert layer_of("hpc_grpo.engines.verl_keys")[1] == "config"
     assert layer_of("hpc_grpo")[1] == "common"
     assert layer_of("hpc_grpo.config.clusterpick")[1] == "cluster" and layer_of("hpc_grpo.config.spec")[1] == "config"
     assert layer_of("hpc_grpo.rewards.code") == layer_of("hpc_grpo.data.gsm8k")
