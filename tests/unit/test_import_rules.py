@@ -43,9 +43,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 PLACED: dict[str, tuple[str, str]] = {
     # hpc_grpo/__init__.py: only __version__ (config.resolve freezes it into spec.yaml, render prints it).
     PACKAGE: ("common", "holds only __version__"),
-    # Which profile a command means when none is typed; its last resort asks this machine's Slurm for its
-    # ClusterName (cluster.slurm), so it sits above cluster although it picks among config's profiles.
-    f"{PACKAGE}.config.clusterpick": ("cluster", "asks Slurm which cluster this machine is"),
     # The table of compatibility shims (old names, what needs them, their end dates): plain data, importing nothing.
     f"{PACKAGE}.compat": ("common", "the compatibility shims' table, plain data"),
     # The reward and eval-task registries: plain data and import paths as strings, importing nothing of ours;
@@ -278,6 +275,6 @@ def test_a_synthetic_upward_import_and_cycle_are_reported(tmp_path: Path) -> Non
 def test_layer_of_uses_placements_and_packages() -> None:
     assert layer_of("hpc_grpo.engines.verl")[1] == "engines"
     assert layer_of("hpc_grpo")[1] == "common"
-    assert layer_of("hpc_grpo.config.clusterpick")[1] == "cluster" and layer_of("hpc_grpo.config.spec")[1] == "config"
+    assert layer_of("hpc_grpo.cluster.clusterpick")[1] == "cluster" and layer_of("hpc_grpo.config.spec")[1] == "config"
     assert layer_of("hpc_grpo.rewards.code") == layer_of("hpc_grpo.data.gsm8k")
     assert layer_of("hpc_grpo.nowhere.x") is None
