@@ -17,8 +17,8 @@ from hpc_grpo.config.cluster import Cluster
 from hpc_grpo.config.engine_traits import traits_of
 from hpc_grpo.config.fields import KEEP_BEST_RE, NAME_RE, Strict, expand_path, parse_size, slurm_word
 from hpc_grpo.config.secrets import secret_error, secret_in
-from hpc_grpo.evaluation import tasks as eval_tasks
-from hpc_grpo.rewards import registry as rewards
+from hpc_grpo.config import eval_tasks
+from hpc_grpo.config import reward_registry as rewards
 
 PASSTHROUGH_KEY_RE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*\Z")
 
@@ -165,7 +165,7 @@ class Grpo(Strict):
     entropy_coeff: float = Field(default=0.0, ge=0)
     norm_adv_by_std: bool = True
     temperature: float = Field(default=1.0, gt=0)
-    reward: str = Field(default="gsm8k_strict", description="a reward's name in hpc_grpo/rewards/registry.py")
+    reward: str = Field(default="gsm8k_strict", description="a reward's name in hpc_grpo/config/reward_registry.py")
     format_score: float = Field(default=0.0, ge=0, le=1, description="reward for a parsable but wrong answer")
     code: CodeReward = Field(default_factory=CodeReward)
 
@@ -174,7 +174,7 @@ class Grpo(Strict):
     def _reward(cls, v: str) -> str:
         if v not in rewards.names():
             raise ValueError(f"unknown reward {v!r}: use one of {', '.join(rewards.names())} "
-                             "(hpc_grpo/rewards/registry.py)")
+                             "(hpc_grpo/config/reward_registry.py)")
         return v
 
     @property
@@ -293,7 +293,7 @@ def default_eval_tasks(reward: str) -> list[str]:
 def _eval_task(v: str) -> str:
     if v not in eval_tasks.names():
         raise ValueError(f"unknown eval task {v!r}: use one of {', '.join(eval_tasks.names())} "
-                         "(hpc_grpo/evaluation/tasks.py)")
+                         "(hpc_grpo/config/eval_tasks.py)")
     return v
 
 

@@ -33,7 +33,7 @@ from hpc_grpo.config import registry
 from hpc_grpo.config.spec import Resources, RunSpec
 from hpc_grpo.config.steps import KNOWN_ROWS
 from hpc_grpo.common.yamlio import SpecError
-from hpc_grpo.evaluation import tasks as eval_tasks
+from hpc_grpo.config import eval_tasks
 from hpc_grpo.runstate import layout
 
 GSM8K_TEST_ROWS = KNOWN_ROWS["gsm8k", "test"]  # published scores are over the whole test split

@@ -1,6 +1,6 @@
 """Scoring with lm-evaluation-harness's own task definitions, offline, on local files (GSM8K, MATH).
 
-lm-eval's YAMLs (hpc_grpo/evaluation/tasks.py names each task's) are not copied: a local task file `include:`s the
+lm-eval's YAMLs (hpc_grpo/config/eval_tasks.py names each task's) are not copied: a local task file `include:`s the
 installed one and only swaps the Hub dataset for local jsonl files (GSM8K's question/answer rows, MATH's
 problem/solution rows). So prompts, few-shot examples, stop sequences and filters are exactly what papers use.
 Backends: `hf` (CPU or one GPU) and `vllm` (GPU nodes: tensor parallel x data-parallel replicas over the eval
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo.evaluation import tasks as eval_tasks
+from hpc_grpo.config import eval_tasks
 from hpc_grpo.evaluation.evaluate import GSM8K_RAW_HINT, Placement
 from hpc_grpo.rewards.gsm8k import gsm8k_reward
 from hpc_grpo.rewards.math_boxed import last_boxed, math_reward

@@ -28,7 +28,7 @@ from hpc_grpo.cluster.job_env import job_identity
 from hpc_grpo.evaluation.evaluate import EvalSettings
 from hpc_grpo.common.atomic import write_json_atomic
 from hpc_grpo.config.spec import RunSpec
-from hpc_grpo.evaluation.tasks import lm_eval_tasks
+from hpc_grpo.config.eval_tasks import lm_eval_tasks
 
 
 class EvalError(RuntimeError):

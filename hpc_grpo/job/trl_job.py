@@ -34,7 +34,7 @@ from hpc_grpo.job import disk, prepare_resume, save_signal
 from hpc_grpo.runstate.prune import job_prune
 from hpc_grpo.runstate import save_request
 from hpc_grpo.config.spec import RunSpec
-from hpc_grpo.rewards import registry as rewards
+from hpc_grpo.config import reward_registry as rewards
 
 ENGINE = TrlEngine.name  # this job trains trl runs only; its checkpoints, disk reserve and resume are trl's
 

@@ -23,7 +23,7 @@ from hpc_grpo.planning.lora_targets import check_lora_targets
 from hpc_grpo.planning.resources import check_resources
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.spec import Acceptance, RunSpec
-from hpc_grpo.rewards import registry as rewards
+from hpc_grpo.config import reward_registry as rewards
 
 # Checks whose findings are estimates, not rules an engine enforces: only their errors can be accepted (--accept).
 ACCEPTABLE = {"memory": "the per-GPU memory estimate (rough by design: good to tens of percent)"}

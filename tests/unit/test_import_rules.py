@@ -45,10 +45,6 @@ PLACED: dict[str, tuple[str, str]] = {
     PACKAGE: ("common", "holds only __version__"),
     # The table of compatibility shims (old names, what needs them, their end dates): plain data, importing nothing.
     f"{PACKAGE}.compat": ("common", "the compatibility shims' table, plain data"),
-    # The reward and eval-task registries: plain data and import paths as strings, importing nothing of ours;
-    # config.spec validates grpo.reward and eval.tasks against them, engines and plan read them.
-    f"{PACKAGE}.rewards.registry": ("config", "the reward registry, plain data read by config.spec"),
-    f"{PACKAGE}.evaluation.tasks": ("config", "the eval-task registry, plain data read by config.spec"),
 }
 COMPAT = compat.modules()  # the module shims of hpc_grpo/compat.py's table
 

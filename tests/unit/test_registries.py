@@ -1,4 +1,4 @@
-"""The reward registry (hpc_grpo/rewards/registry.py) and the eval-task registry (hpc_grpo/evaluation/tasks.py):
+"""The reward registry (hpc_grpo/config/reward_registry.py) and the eval-task registry (hpc_grpo/config/eval_tasks.py):
 every entry's import paths resolve, recipes are checked against them, and a reward added as one entry is what
 plan, render and trl use, with no other file touched. The fake reward here is a test module of its own (a real
 function, importable by the same "pkg://" path verl would load)."""
@@ -16,8 +16,8 @@ from pydantic import ValidationError
 
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.config.spec import Recipe, default_eval_tasks
-from hpc_grpo.evaluation import tasks as eval_tasks
-from hpc_grpo.rewards import registry
+from hpc_grpo.config import eval_tasks
+from hpc_grpo.config import reward_registry as registry
 
 FAKE = "length_bonus"
 

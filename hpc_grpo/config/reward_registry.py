@@ -28,7 +28,7 @@ class Reward:
     name: str
     module: str  # hpc_grpo.rewards.X
     trl_factory: str  # a function of `module`: factory(**kwargs, **trl_kwargs) -> trl reward function
-    eval_task: str  # hpc_grpo.evaluation.tasks name evaluated when the recipe sets no eval.tasks
+    eval_task: str  # hpc_grpo.config.eval_tasks name evaluated when the recipe sets no eval.tasks
     data_command: str  # `hpc-grpo data X` writes the rows it scores
     preparer: str  # "module:function" that command calls
     kwargs: Kwargs = _no_kwargs
