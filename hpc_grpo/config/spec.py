@@ -283,11 +283,13 @@ class EvalResources(_SlurmAsk):
 
 def default_eval_tasks(reward: str) -> list[str]:
     """The tasks a recipe evaluates after training when it does not set eval.tasks: the skill its reward trains
-    (the reward registry's eval_task). The one place this is decided: Recipe fills eval.tasks from it, so the
-    frozen spec, plan, preflight and the eval job all read the same list. An unknown reward gets the default's
-    (grpo.reward's own check names it)."""
+    (the reward registry's eval_task), none for a reward whose entry names no eval task (then no evaluation follows
+    training: Eval.runs). The one place this is decided: Recipe fills eval.tasks from it, so the frozen spec, plan,
+    preflight and the eval job all read the same list. An unknown reward gets the default's (grpo.reward's own
+    check names it)."""
     name = reward if reward in rewards.names() else Grpo.model_fields["reward"].default
-    return [rewards.get(name).eval_task]
+    task = rewards.get(name).eval_task
+    return [task] if task is not None else []
 
 
 def _eval_task(v: str) -> str:
@@ -303,7 +305,7 @@ class Eval(Strict):
 
     enabled: bool = True
     tasks: list[str] = Field(
-        default_factory=lambda: default_eval_tasks(Grpo.model_fields["reward"].default), min_length=1,
+        default_factory=lambda: default_eval_tasks(Grpo.model_fields["reward"].default),
         description="None/unset: by grpo.reward (its registry entry's eval task)")
     limit: int | None = Field(default=None, gt=0, description="first K test problems (None: all)")
     num_fewshot: int | None = Field(default=None, ge=0, description="None: the task's own (gsm8k 5, gsm8k_cot 8)")
@@ -324,6 +326,21 @@ class Eval(Strict):
         classmethod(lambda cls, v: None if v is None else expand_path(v))
     )
     _tasks = field_validator("tasks")(classmethod(lambda cls, v: [_eval_task(t) for t in v]))
+
+    @property
+    def runs(self) -> bool:
+        """Whether an evaluation follows training: enabled and with a task (an empty eval.tasks, as a reward with
+        no eval task leaves it, has nothing to evaluate)."""
+        return self.enabled and bool(self.tasks)
+
+    def skipped_why(self, reward: str) -> str:
+        """Why no evaluation follows training, in words for plan, submit and the job's log ('' when one does)."""
+        if not self.enabled:
+            return "off (eval.enabled=false); `hpc-grpo eval RUN` evaluates by hand"
+        if not self.tasks:
+            return (f"skipped: grpo.reward={reward} names no eval task and eval.tasks is empty; set eval.tasks "
+                    f"(one of {', '.join(eval_tasks.names())}) to evaluate after training")
+        return ""
 
 
 class Launch(Strict):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.common.loading import load_object
 from hpc_grpo.config import eval_tasks
 from hpc_grpo.evaluation.evaluate import GSM8K_RAW_HINT, Placement
 from hpc_grpo.rewards.gsm8k import gsm8k_reward
@@ -142,17 +143,10 @@ def run_lm_eval(args: LmEvalArgs, include_path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in args.tasks:
         task = name.removeprefix(LOCAL_PREFIX)
-        scores = _load(eval_tasks.get(task).scorer)
+        scores = load_object(eval_tasks.get(task).scorer)
         out[task] = scores(results["results"][name], results["samples"][name])
     return {"tasks": out, "wall_time_s": round(wall, 3), "lm_eval_version": getattr(lm_eval, "__version__", "?"),
             "n_shot": results.get("n-shot", {})}
-
-
-def _load(path: str) -> Any:
-    from importlib import import_module
-
-    module, _, attr = path.partition(":")
-    return getattr(import_module(module), attr)
 
 
 def gsm8k_scores(result: dict[str, Any], samples: list[dict[str, Any]]) -> dict[str, Any]:

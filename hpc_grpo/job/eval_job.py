@@ -129,6 +129,8 @@ def evaluate_run(spec: RunSpec, steps: list[int], all_kept: bool, tasks: list[st
     from hpc_grpo.evaluation import export
 
     settings = evaluate.settings_for(spec, tasks, limit)
+    if not settings.tasks:
+        raise EvalError(f"nothing to evaluate: {spec.recipe.eval.skipped_why(spec.recipe.grpo.reward)}")
     run_dir = spec.path
     task_dir = layout.eval_tasks_dir(run_dir)
     base = base_model_path(spec)

@@ -70,7 +70,7 @@ def check_environment(spec: RunSpec, for_submit: bool) -> list[Finding]:
 def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
     """The chained evaluation must be able to run: found now, not after hours of training."""
     e = spec.recipe.eval
-    if not e.enabled:
+    if not e.runs:  # off, or nothing to evaluate (summary says which): no eval files to ask for
         return []
     from hpc_grpo.evaluation.evaluate import data_files, eval_resources, needs_files
 
@@ -100,7 +100,7 @@ def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
 def runs_policy_code(spec: RunSpec) -> bool:
     """The run executes model-written code: the execution reward, or a HumanEval evaluation."""
     e = spec.recipe.eval
-    return rewards.get(spec.recipe.grpo.reward).runs_code or (e.enabled and "humaneval" in e.tasks)
+    return rewards.get(spec.recipe.grpo.reward).runs_code or (e.runs and "humaneval" in e.tasks)
 
 
 def nodes_are_this_machine(spec: RunSpec) -> bool:
