@@ -229,3 +229,16 @@ def test_verl_renders_the_countdown_module_by_its_pkg_path(isolated: Path) -> No
     assert crf == {"reward.custom_reward_function.path": "pkg://hpc_grpo.rewards.countdown",
                    "reward.custom_reward_function.name": "compute_score",
                    "+reward.custom_reward_function.reward_kwargs.format_score": 0.2}
+
+
+def test_evaluating_a_countdown_run_by_hand_asks_for_tasks(isolated: Path) -> None:
+    """`hpc-grpo eval RUN` on a run with no eval task: an input error naming --tasks, before any job or process."""
+    from hpc_grpo.commands.eval import eval_run
+    from hpc_grpo.common.yamlio import SpecError
+    from hpc_grpo.launch.render import render_all, write_files
+
+    spec = resolve_spec("tiny-gsm8k", "local", ["grpo.reward=countdown", "eval.tasks=null",
+                                                 f"cluster.runs_root={isolated / 'runs'}"], run_name="cd")
+    write_files(spec.path, render_all(spec))
+    with pytest.raises(SpecError, match=r"no eval task to run: its grpo.reward=countdown names none.*--tasks"):
+        eval_run(spec.path, [], False, None, None, here=True)
