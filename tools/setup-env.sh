@@ -19,7 +19,7 @@ else
 fi
 python="${PYTHON:-python3}"
 torch_pin="torch==2.13.0"
-verl_version="0.9.1"  # the pinned verl: pyproject.toml's train-verl pin and hpc_grpo.engines.verl_keys.VERL_VERSION (a test keeps them equal)
+verl_version="0.9.1"  # the pinned verl: pyproject.toml's train-verl pin and hpc_grpo.config.verl_keys.VERL_VERSION (a test keeps them equal)
 # This verl caps transformers below 5.11, which cannot share a venv with trl 1.16: verl gets its own venv.
 # packaging<26: without it pip backtracks through dozens of releases of verl's dependencies.
 verl_pins=("$torch_pin" "packaging<26")

@@ -49,9 +49,7 @@ app.command()(eval_cmds.report)
 app.command("prune-ckpts")(ckpt_cmds.prune_ckpts)
 app.command("eval-code")(eval_cmds.eval_code)
 app.command("import")(import_cmds.import_cmd)
-data_app.command("gsm8k")(data_cmds.data_gsm8k)
-data_app.command("codegen")(data_cmds.data_codegen)
-data_app.command("math")(data_cmds.data_math)
+data_cmds.add_data_commands(data_app)  # one per data set of the reward and eval-task registries
 model_app.command("tiny")(data_cmds.model_tiny)
 
 

@@ -1,66 +1,77 @@
-"""`hpc-grpo data gsm8k`, `data codegen`, `data math` and `model tiny`: data sets and a local model, written and listed."""
+"""`hpc-grpo data NAME` and `model tiny`: data sets and a local model, written and listed.
+
+The data commands are not written here one by one: each distinct DataSet that an entry of the reward registry or
+the eval-task registry carries (hpc_grpo/config/data_sets.py) becomes one command, its options and help from the
+entry, its preparer loaded only when it runs. Output goes to --out, else config.registry.data_root()/NAME.
+"""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from hpc_grpo.cli.console import out
+from hpc_grpo.common.loading import load_object
+from hpc_grpo.config import eval_tasks, reward_registry
+from hpc_grpo.config.data_sets import DataSet
 from hpc_grpo.config.registry import DATA_ENV, DEFAULT_DATA_ROOT, TINY_MODEL_DIR, data_root
 
-_OUT_HELP = f"output folder (default: ${DATA_ENV}/{{name}}, else {DEFAULT_DATA_ROOT}/{{name}})"
+
+def data_sets() -> Iterator[DataSet]:
+    """Every data set the registries name, once each, rewards first (in registry order). ValueError when two
+    entries give one command name different definitions: `hpc-grpo data NAME` must mean one thing."""
+    seen: dict[str, DataSet] = {}
+    named = [r.data for r in reward_registry.all_rewards()] + [t.data for t in eval_tasks.all_tasks() if t.data]
+    for ds in named:
+        if ds.name in seen:
+            if seen[ds.name] != ds:
+                raise ValueError(f"two registry entries define `hpc-grpo data {ds.name}` differently; give one of "
+                                 "them the other's DataSet (hpc_grpo/config/data_sets.py)")
+            continue
+        seen[ds.name] = ds
+        yield ds
 
 
-def data_gsm8k(
-    source: Annotated[str, typer.Option(help="'hf' (openai/gsm8k from the Hub) or a folder with train.jsonl and test.jsonl")] = "hf",
-    out_dir: Annotated[Path | None, typer.Option("--out", help=_OUT_HELP.format(name="gsm8k"))] = None,
-) -> None:
-    """Write GSM8K in verl's parquet format and the trl engine's jsonl format."""
-    from hpc_grpo.data.gsm8k import prepare_gsm8k
-
-    result = prepare_gsm8k(source, (out_dir or data_root() / "gsm8k").expanduser())
-    out.print(f"GSM8K from {result.source}: {result.n_train} train, {result.n_test} test rows")
+def run_data_set(ds: DataSet, out_dir: Path | None, **options: Any) -> None:
+    """Run the preparer into out_dir (default: the data root's folder for it) and print what it wrote."""
+    target = (out_dir or data_root() / ds.name).expanduser()
+    result = load_object(ds.preparer)(out_dir=target, **options)
+    out.print(f"{ds.label} from {result.source}: {result.n_train} train, {result.n_test} test rows{result.note}")
     for p in (result.verl_train, result.verl_test, result.trl_train, result.trl_test):
         out.print(f"  {p}")
 
 
-def data_codegen(
-    source: Annotated[str, typer.Option(help="problems file (JSON/JSONL: ours, MBPP, APPS/TACO, HumanEval layout), "
-                                             "'tiny' (the 16 shipped problems) or hf:NAME[:CONFIG] when online")] = "tiny",
-    out_dir: Annotated[Path | None, typer.Option("--out", help=_OUT_HELP.format(name="codegen"))] = None,
-    test_every: Annotated[int, typer.Option(help="every N-th problem goes to the test split (0: test = train)")] = 4,
-    max_prompt_tokens: Annotated[int | None, typer.Option(help="drop longer prompts (needs --tokenizer)")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="model folder whose tokenizer counts prompt tokens")] = None,
-) -> None:
-    """Write code problems with their tests in verl's parquet format and the trl engine's jsonl format."""
-    from hpc_grpo.data.codegen import SHIPPED_PROBLEMS, prepare_codegen
+def data_command(ds: DataSet) -> Callable[..., None]:
+    """The Typer command for one data set: a function whose signature Typer reads (the entry's options, then
+    --out), calling run_data_set."""
+    params = [
+        inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default,
+                          annotation=Annotated[o.kind if o.default is not None else o.kind | None,
+                                               typer.Option(o.cli_flag, help=o.help)])
+        for o in ds.options
+    ]
+    out_help = f"output folder (default: ${DATA_ENV}/{ds.name}, else {DEFAULT_DATA_ROOT}/{ds.name})"
+    params.append(inspect.Parameter("out_dir", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                    annotation=Annotated[Path | None, typer.Option("--out", help=out_help)]))
 
-    src = str(SHIPPED_PROBLEMS) if source == "tiny" else source  # the option's name for the shipped file
-    result = prepare_codegen(src, (out_dir or data_root() / "codegen").expanduser(), test_every, max_prompt_tokens, tokenizer)
-    out.print(f"code problems from {result.source}: {result.n_train} train, {result.n_test} test rows"
-              + (f", {result.dropped_overlong} overlong prompts dropped" if result.dropped_overlong else ""))
-    for p in (result.verl_train, result.verl_test, result.trl_train, result.trl_test):
-        out.print(f"  {p}")
+    def command(**kwargs: Any) -> None:
+        run_data_set(ds, kwargs.pop("out_dir"), **kwargs)
+
+    command.__name__ = f"data_{ds.name}"
+    command.__doc__ = ds.help
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command
 
 
-def data_math(
-    source: Annotated[str, typer.Option("--from", help="MATH-style jsonl or parquet (problem + solution or answer), "
-                                                         "or 'tiny' (the 30 shipped problems)")] = "tiny",
-    out_dir: Annotated[Path, typer.Option("--out", help="output folder")] = Path("~/hpc-grpo-data/math"),
-    test: Annotated[str | None, typer.Option("--test", help="a separate test file (default: split --from)")] = None,
-    test_every: Annotated[int, typer.Option(help="without --test: every N-th row goes to the test split "
-                                                 "(0: test = train)")] = 4,
-) -> None:
-    """Write MATH problems in verl's parquet format, the trl engine's jsonl format, and lm-eval's rows."""
-    from hpc_grpo.data.math import SHIPPED_PROBLEMS, prepare_math
-
-    src = str(SHIPPED_PROBLEMS) if source == "tiny" else source
-    result = prepare_math(src, out_dir.expanduser(), test, test_every)
-    out.print(f"MATH problems from {result.source}: {result.n_train} train, {result.n_test} test rows")
-    for p in (result.verl_train, result.verl_test, result.trl_train, result.trl_test):
-        out.print(f"  {p}")
+def add_data_commands(app: typer.Typer) -> None:
+    """One `data NAME` command per data set the registries name."""
+    for ds in data_sets():
+        app.command(ds.name)(data_command(ds))
 
 
 def model_tiny(

@@ -44,7 +44,7 @@ def parse_args(args: list[str] | None) -> tuple[str, str | None, list[str]]:
 
 def pick_cluster(cluster: str | None) -> str:
     """The cluster profile to use (given, or chosen from where this runs), said on stderr with the reason."""
-    from hpc_grpo.config.clusterpick import choose_cluster
+    from hpc_grpo.cluster.clusterpick import choose_cluster
 
     choice = choose_cluster(cluster)
     err.print(f"cluster: {choice.name} ({choice.why})")

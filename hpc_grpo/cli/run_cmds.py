@@ -80,7 +80,7 @@ def print_code_isolation(plan: Any) -> None:
 
 def shown(value: Any) -> str:
     """A config value as the user would type it (lists and None as Hydra writes them)."""
-    from hpc_grpo.engines.verl_keys import format_value
+    from hpc_grpo.config.verl_keys import format_value
 
     return value if isinstance(value, str) and value.startswith(("(", "???")) else format_value(value)
 

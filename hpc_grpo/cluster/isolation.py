@@ -1,6 +1,6 @@
 """Which isolation the code sandbox gets on this node, the refusal rule, and the words that say so.
 
-The execution reward runs policy code (hpc_grpo/job/code_sandbox.py). With namespaces (root: `namespaces+uid`;
+The execution reward runs policy code (hpc_grpo/sandbox/code_sandbox.py). With namespaces (root: `namespaces+uid`;
 a normal user through unprivileged user namespaces: `userns`) the code sees a minimal read-only root, no
 network and only its own processes. Without them (`limits-only`) it runs with the user's rights: it could read
 ~/.netrc, the data files with the expected answers, and reach services on the node. So the recipe key
@@ -29,7 +29,8 @@ from pathlib import Path
 KEY = "grpo.code.isolation"
 SETTINGS = ("auto", "limits-only")
 MODES = ("namespaces+uid", "userns", "limits-only")
-SANDBOX = Path(__file__).resolve().parents[1] / "job" / "code_sandbox.py"
+# The runner, run by path (a process of its own), never imported here: the one place its file is named.
+SANDBOX = Path(__file__).resolve().parents[1] / "sandbox" / "code_sandbox.py"
 # What the sandbox's process may inherit: its own environment is readable by the code (/proc/1/environ,
 # /proc/self/environ: the kernel keeps the block it was started with), so it gets nothing else. The
 # scorer's variables (WANDB_API_KEY, HF_TOKEN, Slurm's, Ray's) never reach it.

@@ -15,6 +15,7 @@ from typing import Any
 
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.resolve import load_frozen
+from hpc_grpo.config import eval_tasks
 from hpc_grpo.launch.submit import submit_eval
 from hpc_grpo.runstate import layout, runs
 from hpc_grpo.evaluation.evaluate import (
@@ -58,6 +59,10 @@ def eval_run(run_dir: Path, steps: list[int], all_kept: bool, tasks: list[str] |
     spec = load_frozen(layout.spec_file(run_dir))
     if tasks:
         check_tasks(tasks)
+    elif not spec.recipe.eval.tasks:
+        raise SpecError(f"{run_dir} has no eval task to run: its grpo.reward={spec.recipe.grpo.reward} names none and "
+                        "its eval.tasks is empty; name the tasks with --tasks (one or more of "
+                        f"{', '.join(eval_tasks.names())})", key="tasks")
     if needs_files(tasks or spec.recipe.eval.tasks):
         data_files(spec)  # a missing data file is an input error now, not a failed job later
     argv = job_argv(run_dir, steps, all_kept, tasks, limit)

@@ -177,7 +177,7 @@ def shrink(spec: RunSpec, inputs: ShrinkInputs) -> Shrink:
         want.append(("logging.logger", [x for x in r.logging.logger if x != "wandb"] or ["console"],
                      "W&B needs credentials and a network"))
     resume = [_override("train.total_training_steps", RESUMED_STEPS)]
-    if r.eval.enabled:
+    if r.eval.runs:
         want += [
             ("eval.enabled", False, "job 1 is not the last: the eval job is chained after the resumed job"),
             ("eval.limit", 1, "one eval problem"),
@@ -358,7 +358,7 @@ def prepare_inputs(spec: RunSpec, run_dir: Path, python: str) -> ShrinkInputs:
     sample_rows(Path(d.train_list[0]), train, TRAIN_ROWS, "data.train_files")
     sample_rows(Path(d.val_list[0]), val, VAL_ROWS, "data.val_files")
     e = spec.recipe.eval
-    files = evaluate.data_files(spec) if e.enabled and evaluate.needs_files(e.tasks) else None
+    files = evaluate.data_files(spec) if e.runs and evaluate.needs_files(e.tasks) else None
     return ShrinkInputs(str(model), str(train), str(val), files, vllm=has_vllm(python))
 
 
@@ -443,7 +443,7 @@ def run_rehearsal(recipe: str, cluster: str, overrides: list[str], run_name: str
             wait(second.eval, "eval", say)
     except StepFailed as exc:
         out.failed = exc
-    out.checks = judge(collect(spec.path), eval_expected=original.recipe.eval.enabled,
+    out.checks = judge(collect(spec.path), eval_expected=original.recipe.eval.runs,
                        val_expected=spec.recipe.train.test_freq > 0)
     if out.failed is None and not out.ok:
         bad = next(c for c in out.checks if not c.ok)

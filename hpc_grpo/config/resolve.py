@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from hpc_grpo import __version__
 from hpc_grpo.config import registry
-from hpc_grpo.engines.verl_keys import KeyRoutes, bare_key, format_value, is_engine_key, real_key_for
+from hpc_grpo.config.verl_keys import KeyRoutes, bare_key, format_value, is_engine_key, real_key_for
 from hpc_grpo.config.cluster import Cluster, Setup
 from hpc_grpo.config.fields import check_name
 from hpc_grpo.config.keys import validation_error

@@ -17,8 +17,8 @@ from hpc_grpo.config.cluster import Cluster
 from hpc_grpo.config.engine_traits import traits_of
 from hpc_grpo.config.fields import KEEP_BEST_RE, NAME_RE, Strict, expand_path, parse_size, slurm_word
 from hpc_grpo.config.secrets import secret_error, secret_in
-from hpc_grpo.evaluation import tasks as eval_tasks
-from hpc_grpo.rewards import registry as rewards
+from hpc_grpo.config import eval_tasks
+from hpc_grpo.config import reward_registry as rewards
 
 PASSTHROUGH_KEY_RE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*\Z")
 
@@ -178,7 +178,7 @@ class CodeReward(Strict):
     no_code_penalty: float = Field(default=0.5, ge=0, description="subtracted when the completion holds no code")
     per_test_timeout: float = Field(default=1.0, gt=0, le=60, description="wall seconds per test; the first overrun ends the completion")
     memory_mb: int = Field(default=1024, ge=64, description="memory of the code under test, all its processes together "
-                           "(RLIMIT_AS of memory_mb / max_procs each: hpc_grpo/job/sandbox_kernel.py)")
+                           "(RLIMIT_AS of memory_mb / max_procs each: hpc_grpo/sandbox/sandbox_kernel.py)")
     # hpc_grpo/cluster/isolation.py: auto runs the code in namespaces (root, or a normal user's user namespaces) and
     # refuses where the node has none; limits-only is the explicit consent to resource limits only.
     isolation: Literal["auto", "limits-only"] = Field(
@@ -206,7 +206,7 @@ class Grpo(Strict):
                                   "algorithm.norm_adv_by_std_in_grpo; trl: scale_rewards group or none)")
     temperature: float = Field(default=1.0, gt=0, description="sampling temperature of the rollouts (verl: "
                                "rollout.temperature; trl: temperature)")
-    reward: str = Field(default="gsm8k_strict", description="a reward's name in hpc_grpo/rewards/registry.py")
+    reward: str = Field(default="gsm8k_strict", description="a reward's name in hpc_grpo/config/reward_registry.py")
     format_score: float = Field(default=0.0, ge=0, le=1, description="reward for a parsable but wrong answer")
     code: CodeReward = Field(default_factory=CodeReward, description="the execution reward's weights and limits "
                              "(grpo.reward=code_exec)")
@@ -216,7 +216,7 @@ class Grpo(Strict):
     def _reward(cls, v: str) -> str:
         if v not in rewards.names():
             raise ValueError(f"unknown reward {v!r}: use one of {', '.join(rewards.names())} "
-                             "(hpc_grpo/rewards/registry.py)")
+                             "(hpc_grpo/config/reward_registry.py)")
         return v
 
     @property
@@ -357,17 +357,19 @@ class EvalResources(_SlurmAsk):
 
 def default_eval_tasks(reward: str) -> list[str]:
     """The tasks a recipe evaluates after training when it does not set eval.tasks: the skill its reward trains
-    (the reward registry's eval_task). The one place this is decided: Recipe fills eval.tasks from it, so the
-    frozen spec, plan, preflight and the eval job all read the same list. An unknown reward gets the default's
-    (grpo.reward's own check names it)."""
+    (the reward registry's eval_task), none for a reward whose entry names no eval task (then no evaluation follows
+    training: Eval.runs). The one place this is decided: Recipe fills eval.tasks from it, so the frozen spec, plan,
+    preflight and the eval job all read the same list. An unknown reward gets the default's (grpo.reward's own
+    check names it)."""
     name = reward if reward in rewards.names() else Grpo.model_fields["reward"].default
-    return [rewards.get(name).eval_task]
+    task = rewards.get(name).eval_task
+    return [task] if task is not None else []
 
 
 def _eval_task(v: str) -> str:
     if v not in eval_tasks.names():
         raise ValueError(f"unknown eval task {v!r}: use one of {', '.join(eval_tasks.names())} "
-                         "(hpc_grpo/evaluation/tasks.py)")
+                         "(hpc_grpo/config/eval_tasks.py)")
     return v
 
 
@@ -378,8 +380,9 @@ class Eval(Strict):
     enabled: bool = Field(default=True, description="evaluate the base model and the trained policy after training "
                           "(on Slurm an eval job queued after the training job)")
     tasks: list[str] = Field(
-        default_factory=lambda: default_eval_tasks(Grpo.model_fields["reward"].default), min_length=1,
-        description="eval tasks (hpc_grpo/evaluation/tasks.py); unset: the eval task of grpo.reward's registry entry")
+        default_factory=lambda: default_eval_tasks(Grpo.model_fields["reward"].default),
+        description="eval tasks (hpc_grpo/config/eval_tasks.py); unset: the eval task of grpo.reward's registry entry "
+        "(none for a reward that names no eval task: then no evaluation runs)")
     limit: int | None = Field(default=None, gt=0, description="first K test problems (None: all)")
     num_fewshot: int | None = Field(default=None, ge=0, description="None: the task's own (gsm8k 5, gsm8k_cot 8)")
     backend: Literal["hf", "vllm"] | None = Field(default=None, description="None: vllm when training uses GPUs, "
@@ -401,6 +404,21 @@ class Eval(Strict):
         classmethod(lambda cls, v: None if v is None else expand_path(v))
     )
     _tasks = field_validator("tasks")(classmethod(lambda cls, v: [_eval_task(t) for t in v]))
+
+    @property
+    def runs(self) -> bool:
+        """Whether an evaluation follows training: enabled and with a task (an empty eval.tasks, as a reward with
+        no eval task leaves it, has nothing to evaluate)."""
+        return self.enabled and bool(self.tasks)
+
+    def skipped_why(self, reward: str) -> str:
+        """Why no evaluation follows training, in words for plan, submit and the job's log ('' when one does)."""
+        if not self.enabled:
+            return "off (eval.enabled=false); `hpc-grpo eval RUN` evaluates by hand"
+        if not self.tasks:
+            return (f"skipped: grpo.reward={reward} names no eval task and eval.tasks is empty; set eval.tasks "
+                    f"(one of {', '.join(eval_tasks.names())}) to evaluate after training")
+        return ""
 
 
 class Launch(Strict):

@@ -39,6 +39,10 @@ class CodegenResult(PrepareResult):
 
     dropped_overlong: int = 0
 
+    @property
+    def note(self) -> str:
+        return f", {self.dropped_overlong} overlong prompts dropped" if self.dropped_overlong else ""
+
 
 def _bad(source: str, line: int | None, problem: str) -> DataError:
     return DataError(source, line, problem,
@@ -173,8 +177,9 @@ def prepare_codegen(source: str, out_dir: str | os.PathLike[str], test_every: in
 
     Every `test_every`-th problem goes to the test split (0: all train, test = train). Problems whose
     prompt is longer than max_prompt_tokens under `tokenizer` are dropped. Nothing is written when a
-    record is invalid.
+    record is invalid. source "tiny" is the shipped problems (SHIPPED_PROBLEMS).
     """
+    source = str(SHIPPED_PROBLEMS) if source == "tiny" else source
     problems = load_hf(source[3:]) if source.startswith("hf:") else load_problems(source)
     dropped = 0
     if max_prompt_tokens is not None:

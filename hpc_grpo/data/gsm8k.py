@@ -71,6 +71,11 @@ class PrepareResult:
     n_test: int
     source: str
 
+    @property
+    def note(self) -> str:
+        """What `hpc-grpo data` adds to its row counts ('' or ', ...')."""
+        return ""
+
 
 def validate_record(obj: Any, source: str | os.PathLike[str], line: int | None) -> dict[str, str]:
     """Check one GSM8K record and return {question, answer}; raise DataError naming the problem."""

@@ -101,7 +101,9 @@ def _records(path: Path) -> list[dict[str, str]]:
 def prepare_math(source: str | os.PathLike[str], out_dir: str | os.PathLike[str], test_source: str | None = None,
                  test_every: int = 4) -> PrepareResult:
     """Validate every row, then write out_dir/{verl,trl,raw}/{train,test}.* and out_dir/source.json. The test split
-    is test_source's rows, else every test_every-th row of source (0: the same rows as train)."""
+    is test_source's rows, else every test_every-th row of source (0: the same rows as train); source "tiny" is the
+    shipped problems (SHIPPED_PROBLEMS)."""
+    source = SHIPPED_PROBLEMS if str(source) == "tiny" else source
     src, out = Path(source).expanduser(), Path(out_dir).expanduser()
     splits = _split(_records(src), _records(Path(test_source).expanduser()) if test_source else None, test_every)
     for name, rows in splits.items():

@@ -11,16 +11,16 @@ from pathlib import Path
 from hpc_grpo.runstate import checkpoints, layout, runs
 from hpc_grpo.engines import verl_cpu, vllm_cpu
 from hpc_grpo.engines.base import EngineCommand, JobImports, Override
-from hpc_grpo.engines.verl_keys import KEY_RE, VERL_VERSION, bare_key, format_value, real_fix, real_key_for
+from hpc_grpo.config.verl_keys import KEY_RE, VERL_VERSION, bare_key, format_value, real_fix, real_key_for
 from hpc_grpo.common.findings import Finding, error, warning
 from hpc_grpo.config.engine_traits import VERL
 from hpc_grpo.config.spec import RunSpec
-from hpc_grpo.rewards import registry as rewards
+from hpc_grpo.config import reward_registry as rewards
 
 ENTRY = ["-m", "verl.trainer.main_ppo"]  # after the job's interpreter (spec.python)
 # The pinned verl loads reward.custom_reward_function (the top-level custom_reward_function is the legacy key) with
 # verl.utils.import_utils.load_extern_object, which imports pkg:// paths as installed modules: the reward registry's
-# entries (hpc_grpo/rewards/registry.py) name them.
+# entries (hpc_grpo/config/reward_registry.py) name them.
 
 # What a verl job imports before it trains (planning.interpreter tries them in the job's interpreter): the node
 # sequence the launch script execs, Ray, and, unless launch.driver replaces it, verl's trainer (its whole import

@@ -16,7 +16,7 @@ from hpc_grpo.config.models import ModelShape
 from hpc_grpo.engines.megatron_pipeline import (EMBED_KEY, FIRST_KEY, LAST_KEY, LAYOUT_KEY, LOSS_KEY, PipelineSplit,
                                                 Refused, stage_layers)
 from hpc_grpo.engines.verl_offload import as_bool
-from hpc_grpo.engines.verl_keys import VERL_VERSION
+from hpc_grpo.config.verl_keys import VERL_VERSION
 
 
 # Samplers verl's CPU mode runs: vLLM's CPU build (verl's own vLLM server), or hpc-grpo's HF server (no vLLM needed)

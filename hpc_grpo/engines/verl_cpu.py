@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
-from hpc_grpo.engines.verl_keys import VERL_VERSION  # the only verl this plugin was built and tested against
+from hpc_grpo.config.verl_keys import VERL_VERSION  # the only verl this plugin was built and tested against
 
 PLATFORM = "hpc_grpo_cpu"
 ROLLOUT = "hf"

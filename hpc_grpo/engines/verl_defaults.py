@@ -18,7 +18,7 @@ from typing import Any
 
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.engines.verl import CPU_MODE, CPU_VLLM_MODE, VerlEngine, modelled_overrides
-from hpc_grpo.engines.verl_keys import bare_key
+from hpc_grpo.config.verl_keys import bare_key
 
 MISSING = "???"  # OmegaConf's mark for a value verl requires and does not default
 ABSENT = "(not in verl's config)"  # a key the run adds with '+'

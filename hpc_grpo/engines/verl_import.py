@@ -27,7 +27,7 @@ from hpc_grpo.engines.verl import (
     owned_refusal,
 )
 from hpc_grpo.engines.verl_keymap import inverse_map
-from hpc_grpo.engines.verl_keys import VERL_VERSION, bare_key, format_value, real_fix, real_key_for
+from hpc_grpo.config.verl_keys import VERL_VERSION, bare_key, format_value, real_fix, real_key_for
 from hpc_grpo.engines.verl_schema import composed_leaves, verl_config_dir
 from hpc_grpo.engines.verl_script import Script, parse_script
 

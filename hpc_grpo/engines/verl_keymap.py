@@ -23,7 +23,7 @@ from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.engines.base import Override
 from hpc_grpo.engines.verl import OWN_SECTIONS, modelled_overrides, owned_conflicts
-from hpc_grpo.engines.verl_keys import KeyRoutes, bare_key, format_value
+from hpc_grpo.config.verl_keys import KeyRoutes, bare_key, format_value
 
 
 def _leaves(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, BaseModel, str, Any, Any]]:

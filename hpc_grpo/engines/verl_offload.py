@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpc_grpo.config.spec import RunSpec
-from hpc_grpo.engines.verl_keys import OPTIMIZER_OVERRIDE
+from hpc_grpo.config.verl_keys import OPTIMIZER_OVERRIDE
 
 ARR = "actor_rollout_ref"
 CPU_OFFLOAD_KEY = f"{OPTIMIZER_OVERRIDE}.optimizer_cpu_offload"

@@ -33,7 +33,7 @@ from hpc_grpo.config import registry
 from hpc_grpo.config.spec import Resources, RunSpec
 from hpc_grpo.config.steps import KNOWN_ROWS
 from hpc_grpo.common.yamlio import SpecError
-from hpc_grpo.evaluation import tasks as eval_tasks
+from hpc_grpo.config import eval_tasks
 from hpc_grpo.runstate import layout
 
 GSM8K_TEST_ROWS = KNOWN_ROWS["gsm8k", "test"]  # published scores are over the whole test split
@@ -311,7 +311,7 @@ def job_argv(run_dir: Path, steps: list[int] | None = None, all_kept: bool = Fal
 def queued_after_training(spec: RunSpec) -> bool:
     """Whether `submit` queues the eval job on Slurm after the training job (so render writes its script): not on
     cluster=local (the training job evaluates itself) nor in chained mode, whose first job is not the last."""
-    return spec.recipe.eval.enabled and spec.cluster.scheduler == "slurm" and spec.cluster.restart != "chain"
+    return spec.recipe.eval.runs and spec.cluster.scheduler == "slurm" and spec.cluster.restart != "chain"
 
 
 def summary(spec: RunSpec) -> dict[str, Any]:
@@ -320,8 +320,8 @@ def summary(spec: RunSpec) -> dict[str, Any]:
     e = spec.recipe.eval
     out: dict[str, Any] = {"enabled": e.enabled, "tasks": list(e.tasks), "limit": e.limit,
                            "data_files": needs_files(e.tasks)}
-    if not e.enabled:
-        out["where"] = "off (eval.enabled=false); `hpc-grpo eval RUN` evaluates by hand"
+    if not e.runs:
+        out["where"] = e.skipped_why(spec.recipe.grpo.reward)
         return out
     if queued_after_training(spec):
         out["where"] = "a Slurm job queued afterany the training job (evaluates only if the run is trained)"
@@ -340,6 +340,8 @@ def summary(spec: RunSpec) -> dict[str, Any]:
 
 def describe(info: dict[str, Any]) -> str:
     """summary() in one line: 'humaneval (first 4 problems) on hf, cpu, 0 GPU(s): <where>'."""
+    if not info["tasks"]:
+        return str(info["where"])  # a reward with no eval task: the reason is the whole line
     what = ", ".join(info["tasks"]) + (f" (first {info['limit']} problems)" if info.get("limit") else "")
     if not info["enabled"]:
         return f"{what}: {info['where']}"

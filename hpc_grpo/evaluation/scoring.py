@@ -1,6 +1,6 @@
 """Scoring with lm-evaluation-harness's own task definitions, offline, on local files (GSM8K, MATH).
 
-lm-eval's YAMLs (hpc_grpo/evaluation/tasks.py names each task's) are not copied: a local task file `include:`s the
+lm-eval's YAMLs (hpc_grpo/config/eval_tasks.py names each task's) are not copied: a local task file `include:`s the
 installed one and only swaps the Hub dataset for local jsonl files (GSM8K's question/answer rows, MATH's
 problem/solution rows). So prompts, few-shot examples, stop sequences and filters are exactly what papers use.
 Backends: `hf` (CPU or one GPU) and `vllm` (GPU nodes: tensor parallel x data-parallel replicas over the eval
@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo.evaluation import tasks as eval_tasks
+from hpc_grpo.common.loading import load_object
+from hpc_grpo.config import eval_tasks
 from hpc_grpo.evaluation.evaluate import GSM8K_RAW_HINT, Placement
 from hpc_grpo.rewards.gsm8k import gsm8k_reward
 from hpc_grpo.rewards.math_boxed import last_boxed, math_reward
@@ -142,17 +143,10 @@ def run_lm_eval(args: LmEvalArgs, include_path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in args.tasks:
         task = name.removeprefix(LOCAL_PREFIX)
-        scores = _load(eval_tasks.get(task).scorer)
+        scores = load_object(eval_tasks.get(task).scorer)
         out[task] = scores(results["results"][name], results["samples"][name])
     return {"tasks": out, "wall_time_s": round(wall, 3), "lm_eval_version": getattr(lm_eval, "__version__", "?"),
             "n_shot": results.get("n-shot", {})}
-
-
-def _load(path: str) -> Any:
-    from importlib import import_module
-
-    module, _, attr = path.partition(":")
-    return getattr(import_module(module), attr)
 
 
 def gsm8k_scores(result: dict[str, Any], samples: list[dict[str, Any]]) -> dict[str, Any]:

@@ -2,6 +2,5 @@
 
 Each module here is an entry point or a helper of one: the trl training job, one node of a verl job
 (verl_node, with its decisions in node_plan; where the node is comes from hpc_grpo.cluster.job_env) and its Ray
-start/join helpers, the Ray probe driver, and the code sandbox's runner (code_sandbox, sandbox_namespaces: run as
-their own `python -I -S` process). Nothing here is imported on the path of render, plan, status or prune.
+start/join helpers, and the Ray probe driver (the code sandbox's runner is hpc_grpo.sandbox). Nothing here is imported on the path of render, plan, status or prune.
 """

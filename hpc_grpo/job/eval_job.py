@@ -28,7 +28,7 @@ from hpc_grpo.cluster.job_env import job_identity
 from hpc_grpo.evaluation.evaluate import EvalSettings
 from hpc_grpo.common.atomic import write_json_atomic
 from hpc_grpo.config.spec import RunSpec
-from hpc_grpo.evaluation.tasks import lm_eval_tasks
+from hpc_grpo.config.eval_tasks import lm_eval_tasks
 
 
 class EvalError(RuntimeError):
@@ -129,6 +129,8 @@ def evaluate_run(spec: RunSpec, steps: list[int], all_kept: bool, tasks: list[st
     from hpc_grpo.evaluation import export
 
     settings = evaluate.settings_for(spec, tasks, limit)
+    if not settings.tasks:
+        raise EvalError(f"nothing to evaluate: {spec.recipe.eval.skipped_why(spec.recipe.grpo.reward)}")
     run_dir = spec.path
     task_dir = layout.eval_tasks_dir(run_dir)
     base = base_model_path(spec)

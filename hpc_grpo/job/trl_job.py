@@ -34,7 +34,8 @@ from hpc_grpo.job import disk, prepare_resume, save_signal
 from hpc_grpo.runstate.prune import job_prune
 from hpc_grpo.runstate import save_request
 from hpc_grpo.config.spec import RunSpec
-from hpc_grpo.rewards import registry as rewards
+from hpc_grpo.common.loading import load_object
+from hpc_grpo.config import reward_registry as rewards
 
 ENGINE = TrlEngine.name  # this job trains trl runs only; its checkpoints, disk reserve and resume are trl's
 
@@ -327,7 +328,7 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
     entry = rewards.get(spec.recipe.grpo.reward)
     if entry.ground_truth_check is not None:
         try:
-            rewards.load(entry.ground_truth_check)(dataset[0]["ground_truth"])
+            load_object(entry.ground_truth_check)(dataset[0]["ground_truth"])
         except (ValueError, TypeError) as exc:
             raise JobError(f"grpo.reward={entry.name} but {spec.recipe.data.train_files} holds rows it cannot score "
                            f"({exc}): prepare it with `hpc-grpo data {entry.data_command}`") from None

@@ -33,7 +33,7 @@ from types import FrameType
 from hpc_grpo.runstate.layout import SPEC_FILE, StateFiles, state_files, verl_log
 from hpc_grpo.job import driver_watch, node_plan, proc_tree
 from hpc_grpo.cluster.job_env import JobEnvError, NodeLayout, node_layout
-from hpc_grpo.rewards import registry as rewards
+from hpc_grpo.config import reward_registry as rewards
 
 WORKERS_STOPPED_S = 15.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

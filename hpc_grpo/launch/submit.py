@@ -133,6 +133,9 @@ class TrainJob:
             raise RuntimeError(f"{script} exited with status {rc}; see the job's logs in {self.run_dir}")
         if self.eval_after:
             self._evaluate(run_dir, str(env.job_id))
+        elif spec.recipe.eval.enabled and not spec.recipe.eval.tasks and env.global_rank == 0:
+            print(f"hpc-grpo: no evaluation after training: {spec.recipe.eval.skipped_why(spec.recipe.grpo.reward)}",
+                  flush=True)
         return rc
 
     def _evaluate(self, run_dir: Path, job_id: str) -> None:
@@ -354,7 +357,7 @@ def _submit_local(spec: RunSpec, purpose: str, note: str = "", data: dict[str, A
     executor.update_parameters(timeout_min=spec.recipe.resources.time_min, nodes=1, tasks_per_node=1,
                                gpus_per_node=spec.gpus_per_node)
     with controller_stdio(layout.submitit_dir(spec.path) / LOCAL_CONTROLLER_LOG):
-        job = executor.submit(TrainJob(spec.run_dir, eval_after=spec.recipe.eval.enabled))
+        job = executor.submit(TrainJob(spec.run_dir, eval_after=spec.recipe.eval.runs))
     runs.append_history(spec.path, job.job_id, purpose, "local", note=note, data=data)
     log = layout.job_log(spec.path, job.job_id)
     return Submission(spec.path, job.job_id, "local", str(log), job)

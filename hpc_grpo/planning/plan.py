@@ -23,7 +23,7 @@ from hpc_grpo.planning.lora_targets import check_lora_targets
 from hpc_grpo.planning.resources import check_resources
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.spec import Acceptance, RunSpec
-from hpc_grpo.rewards import registry as rewards
+from hpc_grpo.config import reward_registry as rewards
 
 # Checks whose findings are estimates, not rules an engine enforces: only their errors can be accepted (--accept).
 ACCEPTABLE = {"memory": "the per-GPU memory estimate (rough by design: good to tens of percent)"}
@@ -70,7 +70,7 @@ def check_environment(spec: RunSpec, for_submit: bool) -> list[Finding]:
 def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
     """The chained evaluation must be able to run: found now, not after hours of training."""
     e = spec.recipe.eval
-    if not e.enabled:
+    if not e.runs:  # off, or nothing to evaluate (summary says which): no eval files to ask for
         return []
     from hpc_grpo.evaluation.evaluate import data_files, eval_resources, needs_files
 
@@ -100,7 +100,7 @@ def check_eval(spec: RunSpec, for_submit: bool) -> list[Finding]:
 def runs_policy_code(spec: RunSpec) -> bool:
     """The run executes model-written code: the execution reward, or a HumanEval evaluation."""
     e = spec.recipe.eval
-    return rewards.get(spec.recipe.grpo.reward).runs_code or (e.enabled and "humaneval" in e.tasks)
+    return rewards.get(spec.recipe.grpo.reward).runs_code or (e.runs and "humaneval" in e.tasks)
 
 
 def nodes_are_this_machine(spec: RunSpec) -> bool:
@@ -136,7 +136,7 @@ def check_code_isolation(spec: RunSpec) -> tuple[str | None, list[Finding]]:
     line, findings = _code_isolation(spec)
     if line is None:
         return line, findings
-    from hpc_grpo.job.sandbox_kernel import memory_rule
+    from hpc_grpo.sandbox.sandbox_kernel import memory_rule
     from hpc_grpo.rewards.code import RewardWeights
 
     return f"{line}; {memory_rule(spec.recipe.grpo.code.memory_mb, RewardWeights().max_procs)}", findings

@@ -1,7 +1,7 @@
 """Execution reward for code generation, one module for both engines.
 
 A completion is scored by running its code against the problem's tests in the sandbox
-(hpc_grpo/job/code_sandbox.py: its own process, namespaces and limits, killed at the end; without namespaces
+(hpc_grpo/sandbox/code_sandbox.py: its own process, namespaces and limits, killed at the end; without namespaces
 on the node it refuses to run unless grpo.code.isolation=limits-only: hpc_grpo/cluster/isolation.py):
 
     score = pass_weight * passed/total + style_weight * style      (style counted only if a test passed)
@@ -37,7 +37,6 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
@@ -45,7 +44,7 @@ from hpc_grpo.cluster import isolation
 from hpc_grpo.rewards.code_report import read_report
 from hpc_grpo.rewards.code_tests import PlannedTests, plan_for, plan_tests
 from hpc_grpo.rewards.code_values import Budget, judge
-from hpc_grpo.rewards.gsm8k import completion_text
+from hpc_grpo.rewards.completions import check_counts, texts_and_truths
 
 __all__ = [
     "DATA_SOURCE",
@@ -64,7 +63,7 @@ __all__ = [
 ]
 
 DATA_SOURCE = "hpc-grpo/codegen"
-SANDBOX = Path(__file__).resolve().parents[1] / "job" / "code_sandbox.py"
+SANDBOX = isolation.SANDBOX  # the runner's file
 # Loads the runner as a module, not as a script: Python compiles a script on every start (5-9 ms for the runner,
 # per completion) but reads a module's cached bytecode (__pycache__, written where the checkout is writable).
 _BOOT = ("import importlib.util as u,sys;s=u.spec_from_file_location('code_sandbox',sys.argv[1]);"
@@ -324,8 +323,7 @@ def score_batch(texts: Sequence[str], ground_truths: Sequence[Any], weights: Rew
                 workers: int | None = None) -> list[CodeScore]:
     """Score many completions in parallel, one sandbox per completion, `workers` at a time
     (default: the CPUs this process may use)."""
-    if len(texts) != len(ground_truths):
-        raise ValueError(f"{len(texts)} completions but {len(ground_truths)} ground truths")
+    check_counts(len(texts), len(ground_truths))
     n = workers or len(os.sched_getaffinity(0))
     with ThreadPoolExecutor(max_workers=max(1, n)) as pool:
         return list(pool.map(lambda a: score_completion(a[0], a[1], weights), zip(texts, ground_truths)))
@@ -348,8 +346,8 @@ def make_trl_code_reward(weights: RewardWeights = RewardWeights(), workers: int 
     """A trl reward function: all completions of a step scored in parallel; metric name 'code_exec'."""
 
     def code_exec(completions: Iterable[Any], ground_truth: Iterable[Any], **kwargs: Any) -> list[float]:
-        texts = [completion_text(c) for c in completions]
-        return [s.score for s in score_batch(texts, list(ground_truth), weights, workers)]
+        texts, truths = texts_and_truths(completions, ground_truth)
+        return [s.score for s in score_batch(texts, truths, weights, workers)]
 
     code_exec.__name__ = "code_exec"
     return code_exec

@@ -1,4 +1,4 @@
-"""The scorer's reader of the sandbox runner's output (hpc_grpo/job/code_sandbox.py, `main`).
+"""The scorer's reader of the sandbox runner's output (hpc_grpo/sandbox/code_sandbox.py, `main`).
 
 The runner writes one line per test, then its summary:
     V <i> <payload>      a value (the sandbox's encoding, at most VALUE_CAP bytes, as the child sent it)

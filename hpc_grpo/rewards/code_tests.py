@@ -4,7 +4,7 @@ A policy that optimises a pass-the-tests reward learns whatever raises it, inclu
 returning an object whose __eq__ always answers True, or tampering with the harness that shares its
 interpreter. So the expected answers never enter the completion's process. Each assert-style test is split
 (with ast, never by running it) into
-- the call, e.g. `add(1, 2)`, which the sandbox (hpc_grpo/job/code_sandbox.py) evaluates beside the
+- the call, e.g. `add(1, 2)`, which the sandbox (hpc_grpo/sandbox/code_sandbox.py) evaluates beside the
   completion and sends back as plain data (exact builtin types only: a bool is not an int, a subclass of
   a builtin or any other object is refused), and
 - the check, e.g. `== 3`, which stays here: the expected value is computed by a small evaluator of

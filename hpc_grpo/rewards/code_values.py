@@ -237,7 +237,7 @@ def _stdout_equal(got: str, expected: str) -> bool:
 
 def encoded_len(value: Any) -> int:
     """The length of the sandbox's encoding of a trusted expected value (check tuples of == and != carry it)."""
-    from hpc_grpo.job import code_sandbox as sb  # the sandbox's own encoder: the same text for the same value
+    from hpc_grpo.sandbox import code_sandbox as sb  # the sandbox's own encoder: the same text for the same value
 
     try:
         return len(sb._encode(value))

@@ -8,16 +8,17 @@ reward workers.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any
 from collections.abc import Callable
+
+from hpc_grpo.rewards.completions import texts_and_truths
 
 __all__ = [
     "SOLUTION_CLIP_CHARS",
     "extract_solution",
     "gsm8k_reward",
     "gsm8k_trl_reward",
-    "completion_text",
 ]
 
 # verl only looks at the tail: regexes over very long rollouts are slow, and the answer is at the end.
@@ -67,37 +68,12 @@ def gsm8k_reward(
     return float(score) if answer == ground_truth else float(format_score)
 
 
-def completion_text(completion: Any) -> str:
-    """Text of one trl completion: a plain string, or a chat list whose last assistant message counts."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Mapping):
-        return str(completion.get("content") or "")
-    if isinstance(completion, Sequence):
-        messages = [m for m in completion if isinstance(m, Mapping)]
-        assistant = [m for m in messages if m.get("role") == "assistant"]
-        chosen = assistant[-1] if assistant else (messages[-1] if messages else None)
-        if chosen is None:
-            return ""
-        content = chosen.get("content")
-        if isinstance(content, list):  # multimodal-style content parts
-            return "".join(
-                str(p.get("text", "")) for p in content if isinstance(p, Mapping) and p.get("type") == "text"
-            )
-        return str(content or "")
-    raise TypeError(f"unsupported completion type {type(completion).__name__}: expected str or list of messages")
-
-
 def make_trl_reward(method: str = "strict", format_score: float = 0.0) -> Callable[..., list[float]]:
     """A trl reward function with verl's scorer settings; trl names the logged metric after __name__."""
 
     def reward(completions: Iterable[Any], ground_truth: Iterable[Any], **kwargs: Any) -> list[float]:
-        completions = list(completions)
-        truths = list(ground_truth)
-        if len(completions) != len(truths):
-            raise ValueError(f"{len(completions)} completions but {len(truths)} ground truths")
-        return [gsm8k_reward(completion_text(c), str(gt), format_score=format_score, method=method)
-                for c, gt in zip(completions, truths)]
+        texts, truths = texts_and_truths(completions, ground_truth)
+        return [gsm8k_reward(text, str(gt), format_score=format_score, method=method) for text, gt in zip(texts, truths)]
 
     reward.__name__ = f"gsm8k_{method}"
     return reward

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from hpc_grpo.rewards.gsm8k import completion_text
+from hpc_grpo.rewards.completions import texts_and_truths
 
 __all__ = ["last_boxed", "normalise", "is_equiv", "math_reward", "make_trl_reward", "compute_score"]
 
@@ -110,10 +110,8 @@ def make_trl_reward(format_score: float = 0.0) -> Callable[..., list[float]]:
     """A trl reward function; trl logs its metric under __name__ (`math_boxed`)."""
 
     def math_boxed(completions: Iterable[Any], ground_truth: Iterable[Any], **kwargs: Any) -> list[float]:
-        texts, truths = list(completions), list(ground_truth)
-        if len(texts) != len(truths):
-            raise ValueError(f"{len(texts)} completions but {len(truths)} ground truths")
-        return [math_reward(completion_text(c), str(gt), format_score=format_score) for c, gt in zip(texts, truths)]
+        texts, truths = texts_and_truths(completions, ground_truth)
+        return [math_reward(text, str(gt), format_score=format_score) for text, gt in zip(texts, truths)]
 
     return math_boxed
 

@@ -1,5 +1,5 @@
 """The execution reward and its sandbox, against the real thing: every completion really runs in
-hpc_grpo/job/code_sandbox.py (namespaces and a uid of its own as root) and the hostile table checks
+hpc_grpo/sandbox/code_sandbox.py (namespaces and a uid of its own as root) and the hostile table checks
 score 0, the time bound, nothing written outside the sandbox and no process left behind."""
 
 from __future__ import annotations

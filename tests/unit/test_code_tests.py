@@ -25,7 +25,7 @@ def exact(back: object, value: object) -> bool:
     return type(back) is type(value) and repr(back) == repr(value)
 
 
-from hpc_grpo.job import code_sandbox as sb  # noqa: E402
+from hpc_grpo.sandbox import code_sandbox as sb  # noqa: E402
 
 
 def plan(*tests: object, entry: str = "f") -> list[tuple[dict[str, str], tuple[object, ...]]]:

@@ -13,7 +13,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hpc_grpo.cli import app as cli
 from hpc_grpo.commands import rehearse as R
 from hpc_grpo.config.resolve import resolve_spec
-from hpc_grpo.engines.verl_keys import format_value
+from hpc_grpo.config.verl_keys import format_value
 from hpc_grpo.evaluation import evaluate
 from hpc_grpo.launch.render import render_all
 from hpc_grpo.planning.preflight import check_data

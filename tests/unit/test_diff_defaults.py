@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.engines.verl_defaults import ABSENT, MISSING, Difference, diff_defaults
-from hpc_grpo.engines.verl_keys import VERL_VERSION
+from hpc_grpo.config.verl_keys import VERL_VERSION
 from tests.cli_run import run_plan
 
 

@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cluster",),
     ("runstate",),
     ("engines",),
-    ("rewards", "data"),
+    ("rewards", "data", "sandbox"),
     ("evaluation",),
     ("launch",),
     ("planning",),
@@ -40,21 +40,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 PLACED: dict[str, tuple[str, str]] = {
     # hpc_grpo/__init__.py: only __version__ (config.resolve freezes it into spec.yaml, render prints it).
     PACKAGE: ("common", "holds only __version__"),
-    # verl's key tables (which keys are verl's, what flags pasted from guides really are): plain data, importing nothing
-    # of ours; config.resolve routes command-line overrides with them. Engine knowledge, so it lives in engines/.
-    f"{PACKAGE}.engines.verl_keys": ("config", "verl's key tables, read by config.resolve to route overrides"),
-    # Which profile a command means when none is typed; its last resort asks this machine's Slurm for its
-    # ClusterName (cluster.slurm), so it sits above cluster although it picks among config's profiles.
-    f"{PACKAGE}.config.clusterpick": ("cluster", "asks Slurm which cluster this machine is"),
-    # The code reward's runner and its kernel settings: standard library only, loaded by file path into the
-    # sandbox's bare interpreter (a process of its own, so it lives in job/); rewards share its encoder, plan
-    # states its memory rule.
-    f"{PACKAGE}.job.code_sandbox": ("rewards", "the code reward's runner, standard library only"),
-    f"{PACKAGE}.job.sandbox_kernel": ("rewards", "the sandbox's kernel settings, standard library only"),
-    # The reward and eval-task registries: plain data and import paths as strings, importing nothing of ours;
-    # config.spec validates grpo.reward and eval.tasks against them, engines and plan read them.
-    f"{PACKAGE}.rewards.registry": ("config", "the reward registry, plain data read by config.spec"),
-    f"{PACKAGE}.evaluation.tasks": ("config", "the eval-task registry, plain data read by config.spec"),
 }
 
 Graph = dict[str, dict[str, int]]  # module -> {imported module: line of its first import}
@@ -266,8 +251,7 @@ def test_a_synthetic_upward_import_and_cycle_are_reported(tmp_path: Path) -> Non
 
 def test_layer_of_uses_placements_and_packages() -> None:
     assert layer_of("hpc_grpo.engines.verl")[1] == "engines"
-    assert layer_of("hpc_grpo.engines.verl_keys")[1] == "config"
     assert layer_of("hpc_grpo")[1] == "common"
-    assert layer_of("hpc_grpo.config.clusterpick")[1] == "cluster" and layer_of("hpc_grpo.config.spec")[1] == "config"
+    assert layer_of("hpc_grpo.cluster.clusterpick")[1] == "cluster" and layer_of("hpc_grpo.config.spec")[1] == "config"
     assert layer_of("hpc_grpo.rewards.code") == layer_of("hpc_grpo.data.gsm8k")
     assert layer_of("hpc_grpo.nowhere.x") is None

@@ -12,7 +12,7 @@ import pytest
 
 from hpc_grpo.config import registry
 from hpc_grpo.config.spec import Checkpoint
-from hpc_grpo.engines.verl_keys import VERL_VERSION
+from hpc_grpo.config.verl_keys import VERL_VERSION
 from hpc_grpo.evaluation.evaluate import default_data_files
 from hpc_grpo.runstate.retention import Policy
 from tests.cli_run import run_cli
@@ -20,7 +20,7 @@ from tests.cli_run import run_cli
 REPO = Path(__file__).resolve().parents[2]
 # Where the version may be written out: the constant, the two install pins (pip reads them, so they stay literal),
 # and measured figures, which record the release they were measured on.
-VERSION_HOMES = {"hpc_grpo/engines/verl_keys.py", "pyproject.toml", "tools/setup-env.sh", "docs/benchmarks.md"}
+VERSION_HOMES = {"hpc_grpo/config/verl_keys.py", "pyproject.toml", "tools/setup-env.sh", "docs/benchmarks.md"}
 SCANNED = ("hpc_grpo", "tests", "docs", "tools", "recipes", "clusters", "templates", "README.md")
 
 
@@ -47,7 +47,7 @@ def test_no_other_file_spells_the_verl_version() -> None:
                 continue
             found += [f"{rel}:{n}" for n, line in enumerate(text.splitlines(), 1) if spelled.search(line)]
     assert not found, ("the verl version is spelled outside its homes: say 'the pinned verl' or use "
-                       "hpc_grpo.engines.verl_keys.VERL_VERSION:\n" + "\n".join(found))
+                       "hpc_grpo.config.verl_keys.VERL_VERSION:\n" + "\n".join(found))
 
 
 def test_a_policy_built_in_code_has_the_recipes_defaults() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_grpo.config import clusterpick
+from hpc_grpo.cluster import clusterpick
 from hpc_grpo.planning import preflight
 from hpc_grpo.cluster import slurm, slurm_output
 from hpc_grpo.common.findings import Severity, error

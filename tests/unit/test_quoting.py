@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hpc_grpo.config import registry
-from hpc_grpo.engines.verl_keys import format_value
+from hpc_grpo.config.verl_keys import format_value
 from hpc_grpo.launch.render import render_all, write_files
 from hpc_grpo.config.resolve import load_frozen, resolve_spec
 from hpc_grpo.config.secrets import SECRET_ENV

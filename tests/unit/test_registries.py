@@ -1,12 +1,15 @@
-"""The reward registry (hpc_grpo/rewards/registry.py) and the eval-task registry (hpc_grpo/evaluation/tasks.py):
+"""The reward registry (hpc_grpo/config/reward_registry.py) and the eval-task registry (hpc_grpo/config/eval_tasks.py):
 every entry's import paths resolve, recipes are checked against them, and a reward added as one entry is what
-plan, render and trl use, with no other file touched. The fake reward here is a test module of its own (a real
+plan, render, trl and `hpc-grpo data` use, with no other file touched. The fake reward here is a test module of its own (a real
 function, importable by the same "pkg://" path verl would load)."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,10 +17,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from hpc_grpo.common.loading import load_object
+from hpc_grpo.config import eval_tasks
+from hpc_grpo.config import reward_registry as registry
+from hpc_grpo.config.data_sets import MATH, DataOption, DataSet
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.config.spec import Recipe, default_eval_tasks
-from hpc_grpo.evaluation import tasks as eval_tasks
-from hpc_grpo.rewards import registry
+
+REPO = Path(__file__).resolve().parents[2]
 
 FAKE = "length_bonus"
 
@@ -38,16 +45,10 @@ def make_trl_reward(scale: float = 1.0) -> Any:
 @pytest.fixture
 def fake_reward() -> Iterator[registry.Reward]:
     entry = registry.register(registry.Reward(
-        FAKE, module=__name__, trl_factory="make_trl_reward", eval_task="math", data_command="math",
-        preparer="hpc_grpo.data.math:prepare_math", runs_code=True,
+        FAKE, module=__name__, trl_factory="make_trl_reward", eval_task="math", data=MATH, runs_code=True,
         kwargs=lambda r: {"scale": (r.grpo.format_score + 1, "grpo.format_score")}))
     yield entry
     registry.unregister(FAKE)
-
-
-def _resolve(path: str) -> Any:
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 @pytest.mark.parametrize("name", registry.names())
@@ -56,17 +57,20 @@ def test_every_reward_entry_resolves(name: str) -> None:
     module = importlib.import_module(entry.module)
     assert callable(getattr(module, entry.verl_function)), "verl's custom_reward_function name"
     assert callable(getattr(module, entry.trl_factory))
-    assert callable(_resolve(entry.preparer))
+    assert callable(load_object(entry.data.preparer))
     if entry.ground_truth_check:
-        assert callable(_resolve(entry.ground_truth_check))
-    assert entry.eval_task in eval_tasks.names()
-    assert default_eval_tasks(name) == [entry.eval_task]
+        assert callable(load_object(entry.ground_truth_check))
+    if entry.eval_task is None:  # a reward no eval task measures: nothing evaluated unless the recipe says
+        assert default_eval_tasks(name) == []
+    else:
+        assert entry.eval_task in eval_tasks.names()
+        assert default_eval_tasks(name) == [entry.eval_task]
 
 
 @pytest.mark.parametrize("name", eval_tasks.names())
 def test_every_eval_task_entry_resolves(name: str) -> None:
     task = eval_tasks.get(name)
-    assert callable(_resolve(task.scorer))
+    assert callable(load_object(task.scorer))
     assert task.metrics and all(key and label for key, label in task.metrics)
     if task.runs_lm_eval:
         from hpc_grpo.evaluation.scoring import lm_eval_tasks_dir
@@ -169,3 +173,82 @@ def test_a_math_recipe_finds_its_eval_files_and_mixing_data_sets_is_refused(isol
         data_files(spec, ["math", "gsm8k"])
     with pytest.raises(SpecError, match="no question/answer files for lm-eval's gsm8k"):
         data_files(spec, ["gsm8k"])  # a MATH source.json is not GSM8K's
+
+
+# ------------------------------------------------------------------------------------------------ `hpc-grpo data`
+def prepare_lengths(out_dir: Path, rows: int = 3, word: str = "ab") -> Any:
+    """The fake reward's data preparer: `rows` rows of growing length (what length_bonus scores)."""
+    from hpc_grpo.data.gsm8k import PrepareResult
+
+    (out_dir / "trl").mkdir(parents=True)
+    lines = [json.dumps({"prompt": word * (i + 1), "ground_truth": ""}) for i in range(rows)]
+    for split in ("train", "test"):
+        (out_dir / "trl" / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    return PrepareResult(out_dir, out_dir / "none", out_dir / "none", out_dir / "trl" / "train.jsonl",
+                         out_dir / "trl" / "test.jsonl", rows, rows, f"{rows} x {word}")
+
+
+LENGTHS = DataSet("lengths", f"{__name__}:prepare_lengths", "Write rows of growing length for length_bonus.",
+                  "length rows", (DataOption("rows", int, 3, "how many rows"),
+                                  DataOption("word", str, "ab", "the repeated word", flag="--unit")))
+
+
+def test_a_reward_registered_with_its_data_set_gets_its_data_command(isolated: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """One entry, no CLI edit: the data app built from the registries lists it, with its options, and runs its
+    preparer into $HPC_GRPO_DATA/NAME."""
+    import typer
+    from typer.testing import CliRunner
+
+    from hpc_grpo.cli.data_cmds import add_data_commands
+
+    registry.register(registry.Reward(FAKE, module=__name__, trl_factory="make_trl_reward", eval_task=None,
+                                      data=LENGTHS))
+    try:
+        app = typer.Typer(no_args_is_help=True)
+        add_data_commands(app)
+        runner = CliRunner()
+        listing = runner.invoke(app, ["--help"]).output
+        assert "lengths" in listing and "Write rows of growing length" in listing
+        for shipped in ("gsm8k", "codegen", "math", "countdown"):
+            assert shipped in listing
+        assert "--unit" in runner.invoke(app, ["lengths", "--help"]).output
+        monkeypatch.setenv("HPC_GRPO_DATA", str(isolated / "data"))
+        result = runner.invoke(app, ["lengths", "--rows", "4", "--unit", "xy"])
+        assert result.exit_code == 0, result.output
+        rows = (isolated / "data" / "lengths" / "trl" / "train.jsonl").read_text().splitlines()
+        assert [json.loads(r)["prompt"] for r in rows] == ["xy", "xyxy", "xyxyxy", "xyxyxyxy"]
+        assert default_eval_tasks(FAKE) == []
+    finally:
+        registry.unregister(FAKE)
+
+
+def test_each_data_command_is_defined_once_and_the_cli_lists_them_all() -> None:
+    """Rewards and eval tasks reading one data set share its DataSet; the installed CLI lists every one."""
+    from hpc_grpo.cli.data_cmds import data_sets
+
+    named = {r.data.name for r in registry.all_rewards()} | {t.data_command for t in eval_tasks.all_tasks()
+                                                            if t.data_command}
+    listed = [d.name for d in data_sets()]
+    assert sorted(listed) == sorted(named)  # each once
+    for task in eval_tasks.all_tasks():  # an eval task reading a reward's data names the same DataSet object
+        for reward in registry.all_rewards():
+            if task.data is not None and reward.data.name == task.data.name:
+                assert reward.data == task.data
+    listing = subprocess.run([sys.executable, "-m", "hpc_grpo.cli", "data", "--help"], capture_output=True,
+                             text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
+    for name in named:
+        assert f"  {name} " in listing, (name, listing)
+
+
+def test_two_different_data_sets_under_one_name_are_refused() -> None:
+    from hpc_grpo.cli.data_cmds import data_sets
+
+    clash = DataSet("math", "hpc_grpo.data.math:prepare_math", "another math", "MATH problems")
+    registry.register(registry.Reward(FAKE, module=__name__, trl_factory="make_trl_reward", eval_task=None,
+                                      data=clash))
+    try:
+        with pytest.raises(ValueError, match="define `hpc-grpo data math` differently"):
+            list(data_sets())
+    finally:
+        registry.unregister(FAKE)

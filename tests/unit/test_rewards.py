@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_grpo.rewards.gsm8k import completion_text, extract_solution, gsm8k_reward, gsm8k_trl_reward
+from hpc_grpo.rewards.completions import completion_text
+from hpc_grpo.rewards.gsm8k import extract_solution, gsm8k_reward, gsm8k_trl_reward
 
 
 def test_exact_answer_scores_one() -> None:

@@ -19,7 +19,7 @@ from hpc_grpo.engines.verl_keymap import (
     inverse_map,
     resolve_with_verl_keys,
 )
-from hpc_grpo.engines.verl_keys import format_value
+from hpc_grpo.config.verl_keys import format_value
 from tests.conftest import require_verl_yamls
 
 ROOT = "cluster.runs_root=/nonexistent/runs"

@@ -1,4 +1,4 @@
-"""How the code sandbox is isolated (the half of hpc_grpo/job/code_sandbox.py that is not the test harness).
+"""How the code sandbox is isolated (the half of hpc_grpo/sandbox/code_sandbox.py that is not the test harness).
 
 Loaded by code_sandbox.py from its own folder, by path: the runner starts as `python -I -S`, so it must not
 import hpc_grpo or anything the code under test could tamper with. Stdlib only, like the runner.

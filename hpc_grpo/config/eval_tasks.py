@@ -6,8 +6,10 @@ Plain data, importing nothing of ours: config.spec validates eval.tasks against 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+
+from hpc_grpo.config.data_sets import GSM8K, MATH, DataSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,10 +22,10 @@ class EvalTask:
     # lm-eval's tasks: "module:function(result, samples) -> scores" folding lm-eval's output into our scores;
     # our own tasks: the function that scores a model folder.
     scorer: str
-    # The raw files it reads, found through the source.json that `hpc-grpo data <data_command>` writes beside the
+    # The raw files it reads, found through the source.json that `hpc-grpo data <data.name>` writes beside the
     # prepared files (evaluate.data_files); () for a task that ships its problems (humaneval's wheel).
     files: tuple[str, ...]
-    data_command: str | None
+    data: DataSet | None  # the data set whose command writes those files
     row_fields: str  # what each row of those files holds, for error messages
     metrics: tuple[tuple[str, str], ...]  # (key in the task's scores, its label in tables and reports)
     fewshot_note: str = ""
@@ -31,6 +33,11 @@ class EvalTask:
     @property
     def runs_lm_eval(self) -> bool:
         return self.lm_eval_yaml is not None
+
+    @property
+    def data_command(self) -> str | None:
+        """The `hpc-grpo data` command writing the files it reads."""
+        return self.data.name if self.data is not None else None
 
 
 _TASKS: dict[str, EvalTask] = {}
@@ -43,6 +50,10 @@ def register(task: EvalTask) -> EvalTask:
 
 def names() -> tuple[str, ...]:
     return tuple(_TASKS)
+
+
+def all_tasks() -> Iterator[EvalTask]:
+    return iter(tuple(_TASKS.values()))
 
 
 def get(name: str) -> EvalTask:
@@ -73,14 +84,14 @@ def data_command(tasks: Iterable[str]) -> str | None:
 
 _GSM8K_METRICS = (("strict_match", "strict"), ("flexible_extract", "flexible"), ("verl_strict_reward", "verl strict"))
 _GSM8K_SCORES = "hpc_grpo.evaluation.scoring:gsm8k_scores"
-register(EvalTask("gsm8k", "gsm8k/gsm8k.yaml", _GSM8K_SCORES, ("train.jsonl", "test.jsonl"), "gsm8k", "question/answer",
+register(EvalTask("gsm8k", "gsm8k/gsm8k.yaml", _GSM8K_SCORES, ("train.jsonl", "test.jsonl"), GSM8K, "question/answer",
                   _GSM8K_METRICS, fewshot_note="5-shot"))
-register(EvalTask("gsm8k_cot", "gsm8k/gsm8k-cot.yaml", _GSM8K_SCORES, ("train.jsonl", "test.jsonl"), "gsm8k", "question/answer",
+register(EvalTask("gsm8k_cot", "gsm8k/gsm8k-cot.yaml", _GSM8K_SCORES, ("train.jsonl", "test.jsonl"), GSM8K, "question/answer",
                   _GSM8K_METRICS, fewshot_note="8-shot"))
 register(EvalTask("humaneval", None, "hpc_grpo.evaluation.humaneval:task_scores", (), None, "",
                   (("pass@1", "pass@1"),)))
 # lm-eval's hendrycks_math task (its answer between the first and last `$`, Hendrycks' normalisation) on the
 # algebra YAML's prompt, with every local problem whatever its subject; minerva_math needs math_verify besides.
 register(EvalTask("math", "hendrycks_math/hendrycks_math_algebra.yaml", "hpc_grpo.evaluation.scoring:math_scores",
-                  ("train.jsonl", "test.jsonl"), "math",
+                  ("train.jsonl", "test.jsonl"), MATH,
                   "problem/solution", (("exact_match", "exact"), ("boxed_reward", "boxed")), fewshot_note="0-shot"))

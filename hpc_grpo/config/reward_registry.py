@@ -1,17 +1,20 @@
 """The rewards a recipe can name (grpo.reward), each in one entry: where verl and trl find it, the settings it is
 called with, the data it expects, what evaluates it, and whether it runs model-written code.
 
-Plain data and import paths as strings, importing nothing of ours: config.spec validates grpo.reward against it and
-plan reads it, neither of which may import a reward (a reward module may pull its sandbox or numeric code). Adding a
-reward is one module under hpc_grpo/rewards/ plus one `register(Reward(...))` line at the end of this file.
+Plain data and import paths as strings: config.spec validates grpo.reward against it and plan reads it, neither of
+which may import a reward (a reward module may pull its sandbox or numeric code). Adding a reward is one module under
+hpc_grpo/rewards/ (its scorer, trl factory and, for a new data set, the preparer) plus one `register(Reward(...))`
+at the end of this file; its DataSet makes its `hpc-grpo data NAME` command (hpc_grpo/cli/data_cmds.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from importlib import import_module
 from typing import Any
+
+from hpc_grpo.common.loading import load_object
+from hpc_grpo.config.data_sets import CODEGEN, GSM8K, MATH, DataOption, DataSet
 
 # recipe -> {kwarg: (value, the recipe key it comes from)}: verl gets them as reward_kwargs, trl's factory as kwargs
 Kwargs = Callable[[Any], dict[str, tuple[object, str]]]
@@ -28,9 +31,10 @@ class Reward:
     name: str
     module: str  # hpc_grpo.rewards.X
     trl_factory: str  # a function of `module`: factory(**kwargs, **trl_kwargs) -> trl reward function
-    eval_task: str  # hpc_grpo.evaluation.tasks name evaluated when the recipe sets no eval.tasks
-    data_command: str  # `hpc-grpo data X` writes the rows it scores
-    preparer: str  # "module:function" that command calls
+    # hpc_grpo.config.eval_tasks name evaluated when the recipe sets no eval.tasks; None: the reward trains no skill
+    # an eval task measures, and a recipe that sets no eval.tasks is not evaluated after training
+    eval_task: str | None
+    data: DataSet  # the rows it scores: `hpc-grpo data <data.name>` writes them
     kwargs: Kwargs = _no_kwargs
     trl_kwargs: Callable[[Any], dict[str, object]] | None = None  # trl only (e.g. worker count)
     runs_code: bool = False  # executes model-written code: the sandbox's isolation is checked at job start
@@ -41,6 +45,10 @@ class Reward:
     @property
     def verl_path(self) -> str:
         return f"pkg://{self.module}"
+
+    @property
+    def data_command(self) -> str:
+        return self.data.name
 
     verl_function = "compute_score"
 
@@ -75,19 +83,13 @@ def all_rewards() -> Iterator[Reward]:
     return iter(tuple(_REWARDS.values()))
 
 
-def load(path: str) -> Any:
-    """The object a "module:attribute" path names (the job's import, never plan's)."""
-    module, _, attr = path.partition(":")
-    return getattr(import_module(module), attr)
-
-
 def trl_reward(recipe: Any) -> Callable[..., list[float]]:
     """The recipe's reward function for trl's GRPOTrainer, built by its entry's factory."""
     entry = get(recipe.grpo.reward)
     kwargs: dict[str, object] = {k: v for k, (v, _) in entry.kwargs(recipe).items()}
     if entry.trl_kwargs is not None:
         kwargs.update(entry.trl_kwargs(recipe))
-    factory = load(f"{entry.module}:{entry.trl_factory}")
+    factory = load_object(f"{entry.module}:{entry.trl_factory}")  # the job's import, never plan's
     return factory(**kwargs)
 
 
@@ -105,14 +107,25 @@ def _code_kwargs(recipe: Any) -> dict[str, tuple[object, str]]:
     return {k: (v, f"grpo.code.{k}") for k, v in recipe.grpo.code.model_dump().items()}
 
 
-_GSM8K: dict[str, Any] = dict(module="hpc_grpo.rewards.gsm8k", trl_factory="make_trl_reward", eval_task="gsm8k", data_command="gsm8k",
-              preparer="hpc_grpo.data.gsm8k:prepare_gsm8k", kwargs=_gsm8k_kwargs)
+_GSM8K: dict[str, Any] = dict(module="hpc_grpo.rewards.gsm8k", trl_factory="make_trl_reward", eval_task="gsm8k", data=GSM8K,
+              kwargs=_gsm8k_kwargs)
 # verl's built-in GSM8K scorer (data_source openai/gsm8k) is the strict one with format score 0
 register(Reward("gsm8k_strict", **_GSM8K, verl_builtin=lambda r: not r.grpo.format_score))
 register(Reward("gsm8k_flexible", **_GSM8K))
 register(Reward("code_exec", module="hpc_grpo.rewards.code", trl_factory="make_trl_reward", eval_task="humaneval",
-                data_command="codegen", preparer="hpc_grpo.data.codegen:prepare_codegen", kwargs=_code_kwargs,
+                data=CODEGEN, kwargs=_code_kwargs,
                 trl_kwargs=lambda r: {"workers": r.resources.cpus_per_task}, runs_code=True,
                 ground_truth_check="hpc_grpo.rewards.code:parse_ground_truth"))
 register(Reward("math_boxed", module="hpc_grpo.rewards.math_boxed", trl_factory="make_trl_reward", eval_task="math",
-                data_command="math", preparer="hpc_grpo.data.math:prepare_math", kwargs=_format_score))
+                data=MATH, kwargs=_format_score))
+# Countdown: reach the target from the given numbers; problems generated from a seed, no eval task.
+register(Reward("countdown", module="hpc_grpo.rewards.countdown", trl_factory="make_trl_reward", eval_task=None,
+                data=DataSet("countdown", "hpc_grpo.rewards.countdown:prepare_countdown",
+                             "Generate countdown arithmetic problems (reach the target from the given numbers) from a "
+                             "seed, in verl's parquet format and the trl engine's jsonl format; nothing is downloaded.",
+                             "countdown problems",
+                             (DataOption("seed", int, 0, "random seed: the same seed writes the same problems"),
+                              DataOption("train", int, 2000, "problems in the train split"),
+                              DataOption("test", int, 200, "problems in the test split"),
+                              DataOption("numbers", int, 4, "numbers per problem (2 to 6)"))),
+                kwargs=_format_score, ground_truth_check="hpc_grpo.rewards.countdown:parse_ground_truth"))
