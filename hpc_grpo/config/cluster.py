@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 
 from hpc_grpo.common.slurm_time import parse_time_minutes
 from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.config import ray_ports
 from hpc_grpo.config.fields import Strict, expand_path, expand_vars, slurm_word
 from hpc_grpo.config.mounts import normalise
 from hpc_grpo.config.secrets import secret_error, secret_in
@@ -85,6 +86,9 @@ class Cluster(Strict):
     # Ray silently rewrites 127.0.0.1 and localhost to the machine's external address.
     local_address: str = Field(default="127.0.0.2", description="scheduler=local: the job's Ray address (127.0.0.0/8, "
                                                                  "not 127.0.0.1)")
+    ray_ports: str = Field(default=ray_ports.DEFAULT, description="FIRST-LAST: the ports a verl job's Ray may use on "
+                           f"the nodes, {ray_ports.JOB_BLOCK} per job, chosen by job id (give the range your site's "
+                           "firewall opens between nodes; keep it below the ephemeral ports, Linux: 32768-60999)")
     setup: Setup = Field(default_factory=Setup, description="the job's environment set-up")
     env: dict[str, str] = Field(default={}, description="variables the job exports (NCCL and network settings); "
                                 "no secrets")
@@ -102,6 +106,12 @@ class Cluster(Strict):
             raise ValueError(f"{v}: use a loopback address other than 127.0.0.1 (Ray rewrites that one to the "
                              "machine's external address), e.g. 127.0.0.2")
         return str(addr)
+
+    @field_validator("ray_ports")
+    @classmethod
+    def _ray_ports(cls, v: str) -> str:
+        ray_ports.parse(v)
+        return v
 
     @field_validator("time_max", mode="before")
     @classmethod

@@ -3,8 +3,8 @@
 Pure functions (no I/O), so each decision is unit-tested without Ray or Slurm; hpc_grpo.job.verl_node carries
 them out. Why each value is what it is:
 
-- Ports: a block of 400 per job (from the job id), GCS on the head at the block's base, every other Ray port of a
-  node inside its own 100-port slot. 4 slots: slurm-dev runs its 4 nodes on one machine; nodes further on are
+- Ports: a block of 400 per job (from the job id) in the profile's range (cluster.ray_ports, config/ray_ports), GCS
+  on the head at the block's base, every other Ray port of a node inside its own 100-port slot. 4 slots: slurm-dev runs its 4 nodes on one machine; nodes further on are
   other hosts and reuse the slots, so no job's ports reach into the next job's block.
 - The Ray temp dir is per job and node (/tmp/hpc-grpo-ray-JOB-NODE): two jobs sharing a host do not collide.
 - Files under RUN_DIR/ray/JOB/ mark one allocation's progress; a requeued job keeps its id, so they carry the
@@ -16,11 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-JOB_BLOCK = 400
-NODE_SLOT = 100
-SLOTS = JOB_BLOCK // NODE_SLOT
-FIRST_PORT = 20000
-JOB_BLOCKS = 30  # 20000..31999: below Linux's default ephemeral range (32768-60999)
+from hpc_grpo.config import ray_ports
+from hpc_grpo.config.ray_ports import JOB_BLOCK, NODE_SLOT, SLOTS, PortRange
+
 DEFAULT_AUTH_MODE = "disabled"
 
 
@@ -40,8 +38,10 @@ class Ports:
         return self.base + 8
 
 
-def ports(job_id: str | int, node_index: int) -> Ports:
-    gcs = FIRST_PORT + (int(job_id) % JOB_BLOCKS) * JOB_BLOCK
+def ports(job_id: str | int, node_index: int, allowed: PortRange | None = None) -> Ports:
+    """The job's block in the profile's range (cluster.ray_ports), by job id; the node's slot in it."""
+    allowed = allowed or ray_ports.parse(ray_ports.DEFAULT)
+    gcs = allowed.first + (int(job_id) % allowed.blocks) * JOB_BLOCK
     return Ports(gcs, gcs + (node_index % SLOTS) * NODE_SLOT)
 
 

@@ -33,7 +33,9 @@ from types import FrameType
 from hpc_grpo.runstate.layout import SPEC_FILE, StateFiles, state_files, verl_log
 from hpc_grpo.job import driver_watch, node_plan, proc_tree
 from hpc_grpo.cluster.job_env import JobEnvError, NodeLayout, node_layout
+from hpc_grpo.config import ray_ports
 from hpc_grpo.config import reward_registry as rewards
+from hpc_grpo.config.ray_ports import PortRange
 
 WORKERS_STOPPED_S = 15.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -56,6 +58,7 @@ class Options:
     local_address: str | None
     driver_env: dict[str, str]
     driver: list[str]
+    ray_ports: PortRange
 
     @property
     def run_dir(self) -> Path:
@@ -76,6 +79,7 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--join-timeout", required=True, type=float, help="seconds for every node to join")
     p.add_argument("--ray-dir", required=True, type=Path, help="marker files, per job: RAY_DIR/JOB_ID/")
     p.add_argument("--resume", action="store_true", help="append resume preparation's overrides to the driver")
+    p.add_argument("--ray-ports", default=ray_ports.DEFAULT, help="FIRST-LAST: the profile's range for Ray's ports")
     p.add_argument("--local-address", default=None,
                    help="cluster=local: no Slurm, one node at this loopback address (not 127.0.0.1)")
     p.add_argument("--driver-env", nargs="*", default=[], metavar="KEY=VALUE", help="the driver's own variables")
@@ -85,10 +89,11 @@ def parse_args(argv: Sequence[str]) -> Options:
         p.error("no driver command after --")
     try:
         driver_env = node_plan.parse_assignments(a.driver_env)
+        allowed = ray_ports.parse(a.ray_ports)
     except ValueError as exc:
         p.error(str(exc))
     return Options(a.spec.absolute(), a.nodes, a.gpus_per_node, a.ray_cpus, a.join_timeout, a.ray_dir.absolute(),
-                   a.resume, a.local_address, driver_env, driver)
+                   a.resume, a.local_address, driver_env, driver, allowed)
 
 
 class _Stop(Exception):
@@ -158,7 +163,7 @@ def _wait_workers_stopped(files: StateFiles, nodes: int) -> None:
 
 
 def run_head(o: Options, layout: NodeLayout, env: dict[str, str]) -> int:
-    p = node_plan.ports(layout.job_id, layout.index)
+    p = node_plan.ports(layout.job_id, layout.index, o.ray_ports)
     gcs = f"{layout.head_address}:{p.gcs}"
     files = state_files(o.ray_dir, layout.job_id, layout.attempt)
     temp = node_plan.ray_temp_dir(layout.job_id, layout.index)
@@ -216,7 +221,7 @@ def _drive(o: Options, argv: list[str], env: dict[str, str]) -> int:
 
 
 def run_worker(o: Options, layout: NodeLayout) -> int:
-    p = node_plan.ports(layout.job_id, layout.index)
+    p = node_plan.ports(layout.job_id, layout.index, o.ray_ports)
     gcs = f"{layout.head_address}:{p.gcs}"
     files = state_files(o.ray_dir, layout.job_id, layout.attempt)
     ray = RayNode(node_plan.ray_temp_dir(layout.job_id, layout.index))

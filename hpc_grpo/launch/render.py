@@ -178,6 +178,7 @@ def launch_context(spec: RunSpec) -> dict[str, Any]:
         "ray_dir": str(layout.ray_dir(spec.path)),
         # no Slurm to say where the node is: the profile's loopback address (the node layout is Slurm's otherwise)
         "local_address": spec.cluster.local_address if spec.cluster.scheduler == "local" else None,
+        "ray_ports": spec.cluster.ray_ports,
         # verl's own driver gets the overrides resume preparation writes at job start (a custom one does not)
         "resume_args": spec.recipe.launch.driver is None,
         "resume_args_file": str(layout.state_files(layout.ray_dir("RUN_DIR"), "JOB_ID", "ATTEMPT").resume_args),

@@ -93,9 +93,14 @@ def train(tmp_path: Path, recipe: str, *overrides: str) -> tuple[Path, str]:
 
 def assert_launch_path(run: Path) -> None:
     """No Slurm: the job's Ray on 127.0.0.2 in its own port block, torn down in order, no auth error."""
+    from hpc_grpo.config import ray_ports
+    from hpc_grpo.config.resolve import load_frozen
+    from hpc_grpo.job import node_plan
+
     out = "\n".join(p.read_text(errors="replace") for p in sorted((run / "submitit").glob("*_0_log.out")))
     job_id = next(p.name.split("_")[0] for p in (run / "submitit").glob("*_0_log.out"))
-    base = 20000 + (int(job_id) % 30) * 400
+    base = node_plan.ports(job_id, 0, ray_ports.parse(load_frozen(run / "spec.yaml").cluster.ray_ports)).gcs
+    assert 12000 <= base < 20000  # the local profile's range, apart from slurm-dev's nodes on this machine
     events = [msg for _, msg in LOG_TS.findall(out)]
     assert f"starting the Ray head on {os.uname().nodename} (127.0.0.2:{base}) for 1 node(s)" in events, events
     assert "all 1 node(s) joined; starting the driver" in events and "driver exited with status 0" in events

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo.cluster import job_env, slurm, slurm_output
+from hpc_grpo.config import ray_ports
 from hpc_grpo.job import node_plan, proc_tree, verl_node
 from hpc_grpo.launch.render import render_all
 from hpc_grpo.config.resolve import resolve_spec
@@ -111,6 +112,27 @@ def test_launch_script_arguments(cluster: str, local: str | None, tmp_path: Path
     assert o.driver[:3] == [spec.python, "-m", "verl.trainer.main_ppo"]
     assert o.driver_env == {"WANDB_RUN_ID": "t-" + o.driver_env["WANDB_RUN_ID"].split("-")[-1], "WANDB_RESUME": "allow"}
     assert len(launch.split("driver=(")[0].splitlines()) < 80
+    assert o.ray_ports == ray_ports.parse(spec.cluster.ray_ports)
+
+
+def test_local_and_slurm_dev_ray_ports_never_meet() -> None:
+    """The local profile's jobs and slurm-dev's nodes run on one machine (and CI runs both at once): every block
+    either profile can give a job lies outside every block of the other."""
+    def ports_of(cluster: str) -> set[int]:
+        allowed = ray_ports.parse(resolve_spec("tiny-verl", cluster, [], run_name="t").cluster.ray_ports)
+        return {port for job in range(allowed.blocks) for port in range(node_plan.ports(job, 0, allowed).gcs,
+                                                                         node_plan.ports(job, 0, allowed).gcs + 400)}
+    local, dev = ports_of("local"), ports_of("slurm-dev")
+    assert local and dev and not local & dev
+    allowed = ray_ports.parse("12000-19999")
+    assert allowed.blocks == 20 and {node_plan.ports(j, 0, allowed).gcs for j in range(20)} == set(range(12000, 20000, 400))
+
+
+@pytest.mark.parametrize(("value", "rule"), [("20000:30000", "FIRST-LAST"), ("30000-20000", "rise"), ("80-1000", "rise"),
+                                             ("20000-20100", "block of 400")])
+def test_a_bad_ray_port_range_is_refused_naming_the_rule(value: str, rule: str) -> None:
+    with pytest.raises(SpecError, match=rule):
+        resolve_spec("tiny-verl", "local", [f"cluster.ray_ports={value}"], run_name="t")
 
 
 def test_local_address_is_a_loopback_other_than_127_0_0_1() -> None:

@@ -85,5 +85,5 @@ driver=(
 )
 exec "$python" -m hpc_grpo.job.verl_node --spec /runs/golden/spec.yaml --nodes 1 \
   --gpus-per-node 4 --ray-cpus 64 --join-timeout 180 \
-  --ray-dir /runs/golden/ray --resume \
+  --ray-dir /runs/golden/ray --ray-ports 20000-31999 --resume \
   --driver-env "${driver_env[@]}" -- "${driver[@]}"

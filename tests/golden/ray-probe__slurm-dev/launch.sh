@@ -27,5 +27,5 @@ driver=(
 # A custom driver (launch.driver) gets no resume overrides: they are in RUN_DIR/ray/JOB_ID/resume-args.ATTEMPT.
 exec "$python" -m hpc_grpo.job.verl_node --spec /runs/golden/spec.yaml --nodes 2 \
   --gpus-per-node 4 --ray-cpus 38 --join-timeout 120 \
-  --ray-dir /runs/golden/ray \
+  --ray-dir /runs/golden/ray --ray-ports 20000-31999 \
   --driver-env "${driver_env[@]}" -- "${driver[@]}"

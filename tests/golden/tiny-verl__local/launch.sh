@@ -115,5 +115,5 @@ driver=(
 )
 exec "$python" -m hpc_grpo.job.verl_node --spec /runs/golden/spec.yaml --nodes 1 \
   --gpus-per-node 1 --ray-cpus 29 --join-timeout 180 \
-  --ray-dir /runs/golden/ray --resume --local-address 127.0.0.2 \
+  --ray-dir /runs/golden/ray --ray-ports 12000-19999 --resume --local-address 127.0.0.2 \
   --driver-env "${driver_env[@]}" -- "${driver[@]}"
