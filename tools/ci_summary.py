@@ -3,9 +3,10 @@
 Why a script: the suite runs as several pytest phases (unit tests in parallel, then the Slurm and local tests), each
 with its own JUnit file, and a reader of CI wants one table and one verdict, not five summaries to add up.
 
-    python tools/ci_summary.py PHASES_FILE JUNIT_DIR
+    python tools/ci_summary.py PHASES_FILE JUNIT_DIR [WALL_SECONDS [NOTE]]
 
-PHASES_FILE holds one `name seconds exit_status` line per phase, in order; JUNIT_DIR the phases' JUnit XML files.
+PHASES_FILE holds one `name seconds exit_status` line per phase, in order; JUNIT_DIR the phases' JUnit XML files;
+WALL_SECONDS the whole run's time (phases that ran side by side add up to more), NOTE a line saying which did.
 Standard library only: it must run whatever the environment's state.
 """
 
@@ -48,12 +49,15 @@ def read_cases(folder: Path) -> list[Case]:
     return cases
 
 
-def render(phases: list[tuple[str, float, int]], cases: list[Case]) -> str:
-    total_s = sum(s for _, s, _ in phases)
+def render(phases: list[tuple[str, float, int]], cases: list[Case], wall_s: float | None = None,
+           note: str = "") -> str:
+    total_s = sum(s for _, s, _ in phases) if wall_s is None else wall_s
     lines = ["", "hpc-grpo CI phases", f"{'phase':<10} {'minutes':>8}  status"]
     for name, seconds, status in phases:
         lines.append(f"{name:<10} {seconds / 60:>8.1f}  {'ok' if status == 0 else f'exit {status}'}")
-    lines.append(f"{'total':<10} {total_s / 60:>8.1f}")
+    lines.append(f"{'total':<10} {total_s / 60:>8.1f}  {'(wall clock)' if wall_s is not None else ''}".rstrip())
+    if note:
+        lines.append(note)
     lines += ["", f"the {SLOWEST} slowest tests (seconds)"]
     for case in sorted(cases, key=lambda c: c.seconds, reverse=True)[:SLOWEST]:
         lines.append(f"{case.seconds:>8.1f}  {case.name}")
@@ -65,7 +69,8 @@ def render(phases: list[tuple[str, float, int]], cases: list[Case]) -> str:
 
 def main(argv: list[str]) -> int:
     phases_file, junit_dir = Path(argv[1]), Path(argv[2])
-    print(render(read_phases(phases_file), read_cases(junit_dir)))
+    wall = float(argv[3]) if len(argv) > 3 else None
+    print(render(read_phases(phases_file), read_cases(junit_dir), wall, argv[4] if len(argv) > 4 else ""))
     return 0
 
 

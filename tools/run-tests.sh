@@ -56,8 +56,11 @@ if [ "$#" -gt 0 ]; then  # a developer's own selection: lint, then one pytest ru
   exit
 fi
 
-# The whole suite in phases, each timed; the unit tests in parallel (pytest-xdist: they share no state). A phase's
-# failure does not stop the next ones: one run shows every failure. The table and the total come last.
+# The whole suite in phases, each timed. Two streams run side by side: the Slurm tests, which wait on the
+# scheduler (ticks, grace times, time limits) much of their time, and the unit tests (in parallel, pytest-xdist)
+# followed by the local ones, which fill those waits. They share no port: the local profile's Ray ports are not
+# slurm-dev's (cluster.ray_ports). A phase's failure does not stop the others: one run shows every failure. Each
+# stream's output is printed when it ends; the table and the total come last.
 report="$(mktemp -d)"
 echo "setup $(($(date +%s) - started)) 0" > "$report/phases"
 run_phase() {
@@ -69,9 +72,25 @@ run_phase() {
   echo "$name $(($(date +%s) - start)) $status" >> "$report/phases"
 }
 run_phase lint "${lint[@]}"
-run_phase unit "${pytest[@]}" -n 2 --dist loadgroup --durations=15 --junitxml="$report/unit.xml" tests/unit
-run_phase slurm "${pytest[@]}" --durations=15 --junitxml="$report/slurm.xml" tests/slurm
-run_phase local "${pytest[@]}" --durations=15 --junitxml="$report/local.xml" tests/local
+tests_started=$(date +%s)
+slurm_stream() {
+  run_phase slurm "${pytest[@]}" --durations=15 --junitxml="$report/slurm.xml" tests/slurm
+}
+unit_local_stream() {
+  run_phase unit "${pytest[@]}" -n 2 --dist loadgroup --durations=15 --junitxml="$report/unit.xml" tests/unit
+  run_phase local "${pytest[@]}" --durations=15 --junitxml="$report/local.xml" tests/local
+}
+slurm_stream > "$report/slurm.log" 2>&1 &
+slurm_pid=$!
+unit_local_stream > "$report/unit-local.log" 2>&1 &
+unit_local_pid=$!
+wait "$unit_local_pid" || true
+echo "hpc-grpo: unit and local tests"
+cat "$report/unit-local.log"
+wait "$slurm_pid" || true
+echo "hpc-grpo: Slurm tests"
+cat "$report/slurm.log"
 
-.venv/bin/python tools/ci_summary.py "$report/phases" "$report"
+.venv/bin/python tools/ci_summary.py "$report/phases" "$report" "$(($(date +%s) - started))" \
+  "slurm | unit, local: side by side for $(($(date +%s) - tests_started)) s"
 ! grep -qv ' 0$' "$report/phases"

@@ -36,3 +36,11 @@ def test_the_table_adds_phases_and_sorts_tests_by_time(tmp_path: Path) -> None:
     slowest = lines.index("the 15 slowest tests (seconds)")
     assert lines[slowest + 1].endswith("test_cases::test_slow"), out
     assert lines[-1] == "total: 2 passed, 1 failed, 1 skipped", out
+
+
+def test_side_by_side_phases_report_the_wall_clock(tmp_path: Path) -> None:
+    (tmp_path / "phases").write_text("setup 240 0\nslurm 1500 0\nunit 300 0\nlocal 900 0\n")
+    out = subprocess.run([sys.executable, str(SUMMARY), str(tmp_path / "phases"), str(tmp_path), "1800",
+                          "slurm | unit, local"], capture_output=True, text=True, check=True).stdout
+    assert "total          30.0  (wall clock)" in out.splitlines(), out  # not the 49 minutes the phases add up to
+    assert "slurm | unit, local" in out and out.strip().splitlines()[-1] == "total: 0 passed, 0 failed, 0 skipped"
