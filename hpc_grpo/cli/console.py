@@ -3,6 +3,8 @@ share. rich is loaded on the first print only (it costs ~50 ms), so `--json` and
 
 from __future__ import annotations
 
+import re
+
 import json
 import sys
 from collections.abc import Sequence
@@ -95,3 +97,18 @@ def print_table(title: str, cols: tuple[str, ...], rows: list[tuple[str, ...]], 
     for r in rows:
         t.add_row(*r)
     out.print(t)
+
+
+def short_help(doc: str | None) -> str:
+    """The line `--help` lists for a command: its docstring's first sentence, whole (click would cut it with
+    "..." at the terminal's width), or the part before its first colon outside parentheses when the sentence is
+    longer than two lines."""
+    first = " ".join((doc or "").strip().split("\n\n")[0].split())
+    sentence = re.split(r"\.\s+(?=[A-Z])", first)[0].rstrip(".")
+    if len(sentence) > 120:
+        depth = 0
+        for i, ch in enumerate(sentence):
+            depth += (ch == "(") - (ch == ")")
+            if depth == 0 and sentence.startswith(": ", i):
+                return sentence[:i] + "."
+    return sentence + "."
