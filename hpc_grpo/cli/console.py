@@ -112,3 +112,12 @@ def short_help(doc: str | None) -> str:
             if depth == 0 and sentence.startswith(": ", i):
                 return sentence[:i] + "."
     return sentence + "."
+
+
+def print_reward_note(note: str) -> None:
+    """The recipe's one line on what its reward means (health.reward_note), so a demo's 0.1 and 0% read as
+    expected, not broken."""
+    if note:
+        from rich.markup import escape
+
+        out.print(f"[cyan]what the reward means:[/] {escape(note)}")

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hpc_grpo.cli.console import Table, err, out, print_findings, print_json, print_rows
+from hpc_grpo.cli.console import Table, err, out, print_findings, print_json, print_reward_note, print_rows
 from hpc_grpo.cli.options import AcceptT, ArgsT, JsonT, NameT, SchemaT, WaitT, parse_args, pick_cluster, resolve
 from hpc_grpo.cli.watch_cmds import wait_for
 
@@ -153,6 +153,7 @@ def print_submitted(submission: Any, spec: Any, wait: bool | None) -> None:
     if submission.eval is not None:
         out.print(f"Eval job: {submission.eval.job_id} (afterany {submission.job_id})")
     print_eval_plan(spec)
+    print_reward_note(spec.recipe.health.reward_note)
     out.print(f"Follow it: hpc-grpo status {spec.run_name}    logs: {submission.log_hint}")
     if wait is None:
         wait = waits_by_default(spec)

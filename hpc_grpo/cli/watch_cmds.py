@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hpc_grpo.cli.console import Table, err, out, print_json
+from hpc_grpo.cli.console import Table, err, out, print_json, print_reward_note
 from hpc_grpo.cli.eval_cmds import print_eval_rows
 from hpc_grpo.cli.options import JsonT, RunT
 
@@ -83,6 +83,7 @@ def print_monitor(mon: Any) -> None:
         names = ("reward", "kl", "grad_norm", "response_length")
         out.print("Latest (step {}): ".format(mon.latest.get("step")) + "   ".join(
             f"{k} {mon.latest[k]:.4g}" if isinstance(mon.latest.get(k), float) else f"{k} -" for k in names))
+    print_reward_note(mon.reward_note)
     out.print(f"[dim]metrics from {mon.source}[/]")
     print_hints(mon.hints)
 

@@ -166,6 +166,41 @@ def test_report_from_trl_metrics(tmp_path: Path) -> None:
     assert "no evaluation yet" in "\n".join(rep.summary())
 
 
+def zero_result(step: int) -> dict:
+    """A random tiny model's eval: every score 0, base and policy."""
+    zero = {"strict_match": 0.0, "flexible_extract": 0.0, "verl_strict_reward": 0.0, "n": 10, "samples": []}
+    return {"step": step, "model": f"/r/exports/step_{step}", "scores": {"gsm8k": zero},
+            "base": {"model": "/m/tiny", "scores": {"gsm8k": dict(zero)}}, "published": None}
+
+
+def test_report_reads_zero_as_zero_percent(isolated: Path) -> None:
+    """One eval at 0% (the tiny demo's expected score): the eval panel's step axis starts at 0 and the point and
+    every bar are labelled 0%, so the panels read as a measured 0%, not as missing data; the summary says what the
+    demo's reward means."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spec = resolve_spec("tiny-gsm8k", "local", [f"cluster.runs_root={isolated}"], run_name="demo")
+    render.write_files(spec.path, render.render_all(spec))
+    (spec.path / "eval").mkdir()
+    (spec.path / "eval" / "step_24.json").write_text(json.dumps(zero_result(24)))
+    rep = report.build(spec.path)
+    assert f"  what the reward means: {spec.recipe.health.reward_note}" in rep.summary()
+    assert "0% on GSM8K" in spec.recipe.health.reward_note
+    fig, (ax_steps, ax_bars) = plt.subplots(1, 2)
+    report.draw_evals(ax_steps, rep)
+    report.draw_last_eval(ax_bars, rep)
+    low, high = ax_steps.get_xlim()
+    assert low == 0 and high > 24 and 24 in list(ax_steps.get_xticks())
+    assert [t.get_text() for t in ax_steps.texts] == ["0%"]  # strict, flexible, verl strict share the point
+    bar_labels = [t.get_text() for t in ax_bars.texts]
+    assert bar_labels == ["0%"] * 6  # three scores, policy and base
+    plt.close(fig)
+
+
 def test_plan_refuses_an_eval_that_cannot_run(isolated: Path) -> None:
     from hpc_grpo.planning.plan import run_plan
 
