@@ -3,9 +3,8 @@ share. rich is loaded on the first print only (it costs ~50 ms), so `--json` and
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any

@@ -231,3 +231,24 @@ def test_choose_newest_all_kept_or_named_steps(isolated: Path) -> None:
     assert [c.step for c in choose(spec, [2], False)] == [2]
     with pytest.raises(EvalError, match=r"--step 6: no complete checkpoint with that step \(complete: 2, 4\)"):
         choose(spec, [6], False)
+
+
+def test_the_eval_table_fits_80_columns(isolated: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Model paths shown relative to the run directory (or with ~), and only the score columns some row has: the
+    table of a run under a long runs root fits 80 columns without folding a path."""
+    from hpc_grpo.cli import eval_cmds
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(Path, "home", lambda: isolated)
+    run = isolated / "hpc-grpo" / "runs" / "tiny-gsm8k-20261206-131500"
+    res = zero_result(24)
+    res["model"] = str(run / "exports" / "step_24")
+    res["base"]["model"] = str(isolated / ".cache" / "hpc-grpo" / "tiny-qwen2")
+    res.update(wall_time_s=12.0, problems_per_s=0.8, path=str(run / "eval" / "step_24.json"))
+    eval_cmds.print_eval_rows([res])
+    text = capsys.readouterr().out
+    table = text.split("wall time")[0]
+    assert max(len(line) for line in table.splitlines()) <= 80, table
+    assert "exports/step_24" in table and "~/.cache/hpc-grpo/tiny-qwen2" in table
+    assert "pass@1" not in table  # no row has it
