@@ -117,11 +117,17 @@ def print_training_summary(run_dir: Path) -> None:
     out.print(f"Results: {run_dir}")
 
 
-def wait_for(submission: Any) -> int:
-    """Follow a job to its end, echoing its log, then print the run's status and training summary; the exit code."""
-    from hpc_grpo.commands.watch import job_end, job_log
+def wait_for(submission: Any, verbose: bool = False) -> int:
+    """Follow a job to its end, echoing hpc-grpo's lines, the steps and errors of its log (verbose: all of it), then
+    print the run's status and training summary; the exit code."""
+    from hpc_grpo.commands.watch import console_lines, job_end, job_log
 
-    echo(job_log(submission))
+    if verbose:
+        echo(job_log(submission))
+    else:
+        out.print(f"[dim]Following job {submission.job_id}: hpc-grpo's lines, the steps and errors (the whole log: "
+                  f"{submission.log_hint}; --verbose prints it)[/]")
+        echo(console_lines(job_log(submission)))
     end = job_end(submission)
     print_status(end.status)
     print_training_summary(end.run_dir)
