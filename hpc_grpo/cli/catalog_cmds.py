@@ -10,6 +10,10 @@ from hpc_grpo.cli.console import print_json, print_table
 from hpc_grpo.cli.options import JsonT
 
 
+MarkdownT = Annotated[bool, typer.Option("--markdown", help="print the markdown table the README holds (a test "
+                                         "compares the two)")]
+
+
 def recipes(
     as_json: JsonT = False,
     matrix: Annotated[bool, typer.Option("--matrix", help="plan every recipe on every cluster profile and print the "
@@ -17,10 +21,14 @@ def recipes(
     reference: Annotated[bool, typer.Option("--reference", help="print the field reference docs/reference.md holds: "
                                             "every recipe and cluster-profile key with its type, default, rule and "
                                             "description")] = False,
+    markdown: MarkdownT = False,
 ) -> None:
     """List the recipes hpc-grpo can find."""
-    from hpc_grpo.commands.catalog import recipe_rows
+    from hpc_grpo.commands.catalog import recipe_rows, recipes_markdown
 
+    if markdown:
+        print(recipes_markdown(), end="")  # plain stdout: the README's table is this text
+        return
     if reference:
         from hpc_grpo.commands.reference import to_markdown as reference_page
 
@@ -44,10 +52,13 @@ def recipes(
                 [(r["name"], r["engine"], r["backend"], r["model"], r["description"]) for r in rows], overflow="fold")
 
 
-def clusters(as_json: JsonT = False) -> None:
+def clusters(as_json: JsonT = False, markdown: MarkdownT = False) -> None:
     """List the cluster profiles hpc-grpo can find."""
-    from hpc_grpo.commands.catalog import cluster_rows
+    from hpc_grpo.commands.catalog import cluster_rows, clusters_markdown
 
+    if markdown:
+        print(clusters_markdown(), end="")  # plain stdout: the README's table is this text
+        return
     rows = cluster_rows()
     if as_json:
         print_json(rows)

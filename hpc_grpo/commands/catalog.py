@@ -35,6 +35,36 @@ def cluster_rows() -> list[dict[str, Any]]:
     return rows
 
 
+def _cell(text: Any) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def recipes_markdown() -> str:
+    """The README's recipe table, from the recipe files (`hpc-grpo recipes --markdown`; a test compares)."""
+    from hpc_grpo.config.resolve import load_raw
+    from hpc_grpo.config.spec import Recipe
+
+    lines = ["| recipe | engine / backend | nodes x GPUs | reward | what |", "|---|---|---|---|---|"]
+    for name in registry.list_names("recipes"):
+        r = Recipe.model_validate(load_raw("recipes", name)[0])
+        engine = r.engine if r.engine == "trl" else f"{r.engine} / {r.backend}"
+        gpus = f"{r.resources.nodes} x {r.resources.gpus_per_node}" if r.resources.gpus_per_node else \
+            f"{r.resources.nodes} x CPU"
+        reward = "- (own driver)" if r.launch.driver else r.grpo.reward
+        lines.append(f"| `{name}` | {engine} | {gpus} | {reward} | {_cell(r.description)} |")
+    return "\n".join(lines) + "\n"
+
+
+def clusters_markdown() -> str:
+    """The README's cluster-profile table, from the profile files (`hpc-grpo clusters --markdown`; a test compares)."""
+    lines = ["| profile | scheduler | nodes (most) x GPUs | what |", "|---|---|---|---|"]
+    for r in cluster_rows():
+        gpus = (f"{r['nodes_max']} x {r['gpus_per_node']}" + (f" {r['gpu']}" if r["gpu"] else "")
+                if r["gpus_per_node"] else f"{r['nodes_max']} x CPU")
+        lines.append(f"| `{r['name']}` | {r['scheduler']} | {_cell(gpus)} | {_cell(r['description'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def run_rows() -> list[dict[str, Any]]:
     """Every run under every cluster's runs root, newest first."""
     from hpc_grpo.commands.status import runs_roots
