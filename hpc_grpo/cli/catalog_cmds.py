@@ -69,12 +69,22 @@ def clusters(as_json: JsonT = False, markdown: MarkdownT = False) -> None:
 
 
 def list_runs(as_json: JsonT = False) -> None:
-    """List runs under every cluster's runs root, newest first."""
-    from hpc_grpo.commands.catalog import run_rows
+    """List your runs under every cluster's runs root, newest first."""
+    from hpc_grpo.cli.console import out
+    from hpc_grpo.commands.catalog import run_listing
 
-    rows = run_rows()
+    rows, roots, others = run_listing()
     if as_json:
         print_json(rows)
         return
-    print_table("Runs", ("name", "jobs", "path"), [(r["name"], " ".join(r["jobs"]) or "-", r["path"]) for r in rows],
-                overflow="fold")
+    if rows:
+        print_table("Runs", ("name", "jobs", "path"), [(r["name"], " ".join(r["jobs"]) or "-", r["path"])
+                                                       for r in rows], overflow="fold")
+    else:
+        out.print("No run of yours found.")
+    seen = [str(r) for r in roots if r.is_dir()]
+    missing = [str(r) for r in roots if not r.is_dir()]
+    out.print(f"Looked in: {', '.join(seen) or 'none'}" + (f" (not on this machine: {', '.join(missing)})"
+                                                            if missing else ""))
+    if others:
+        out.print(f"{others} run(s) of other users there not listed")

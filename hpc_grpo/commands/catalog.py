@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from hpc_grpo.config import registry
@@ -66,8 +67,16 @@ def clusters_markdown() -> str:
 
 
 def run_rows() -> list[dict[str, Any]]:
-    """Every run under every cluster's runs root, newest first."""
-    from hpc_grpo.commands.status import runs_roots
-    from hpc_grpo.runstate.runs import find_runs, run_summary
+    """Every run of this user under every cluster's runs root, newest first."""
+    return run_listing()[0]
 
-    return [run_summary(p) for p in find_runs(runs_roots())]
+
+def run_listing() -> tuple[list[dict[str, Any]], list[Path], int]:
+    """(this user's runs under every cluster's runs root, newest first; the roots looked in; how many other users'
+    runs there were passed over)."""
+    from hpc_grpo.commands.status import runs_roots
+    from hpc_grpo.runstate.runs import run_summary, scan_runs
+
+    roots = runs_roots()
+    found, others = scan_runs(roots)
+    return [run_summary(p) for p in found], roots, others

@@ -199,3 +199,35 @@ def test_console_lines_keep_ours_the_steps_and_errors() -> None:
         "RuntimeError: the vLLM engine died",
         "hpc-grpo: [1733490099.000] Ray head stopped",
     ]
+
+
+def test_runs_lists_only_your_runs_and_says_where_it_looked(isolated: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A shared runs root (slurm-dev's /tmp/hpc-grpo-runs) holds another user's run: `runs` leaves it out and says
+    so, names the roots it looked in, and the newest run a command picks is yours."""
+    import os
+
+    from tests.cli_run import run_cli
+
+    if os.getuid() != 0:
+        reason = "giving a run to another user needs root (chown)"
+        print(f"SKIP: {reason}")
+        pytest.skip(reason)
+    root = isolated / "shared-runs"
+    monkeypatch.setattr("hpc_grpo.commands.status.runs_roots", lambda: [root, isolated / "nowhere"])
+    for name in ("mine", "theirs"):
+        spec = resolve_spec("tiny-gsm8k", "local", [f"cluster.runs_root={root}"], run_name=name)
+        render.write_files(spec.path, render.render_all(spec))
+    theirs = layout.spec_file(root / "theirs")
+    os.chown(theirs, 54321, 54321)
+    os.utime(theirs)  # the newest
+    assert runs.scan_runs([root]) == ([(root / "mine").resolve()], 1)
+    code, text = run_cli(monkeypatch, capsys, "runs")
+    assert code in (None, 0)
+    flat = " ".join(text.split())
+    assert "mine" in flat and "theirs" not in flat
+    assert f"Looked in: {root} (not on this machine: {isolated / 'nowhere'})" in flat
+    assert "1 run(s) of other users there not listed" in flat
+    from hpc_grpo.commands.status import locate_run
+
+    assert locate_run(None) == (root / "mine").resolve()
