@@ -130,7 +130,10 @@ def wait_for(submission: Any, verbose: bool = False) -> int:
         echo(console_lines(job_log(submission)))
     end = job_end(submission)
     print_status(end.status)
-    print_training_summary(end.run_dir)
+    if verbose:  # else the step lines were shown as they came: the table would print them a second time
+        print_training_summary(end.run_dir)
+    else:
+        out.print(f"Results: {end.run_dir}")
     if end.newest_eval:
         print_eval_rows(end.newest_eval)
     return 0 if end.ok else 1
