@@ -27,3 +27,6 @@ name="tiny-gsm8k-$(date +%Y%m%d-%H%M%S)"
 hpc-grpo submit recipe=tiny-gsm8k cluster=local --name "$name" \
   "data.train_files=$data_dir/trl/train.jsonl" "data.val_files=$data_dir/trl/test.jsonl" "$@"
 hpc-grpo report "runs/$name"
+echo
+echo "hpc-grpo: the run, its logs and report: runs/$name (data: $data_dir, the tiny model: ~/.cache/hpc-grpo)"
+echo "hpc-grpo: to have the hpc-grpo command in your shell, run:  source $root/.venv/bin/activate"

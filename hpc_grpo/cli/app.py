@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 # hpc-grpo uses no pydantic plugin; without this, pydantic scans every installed distribution's entry points for
 # one, which costs ~60 ms of every command in a venv with a training stack. An explicit user setting wins.
@@ -18,8 +19,9 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 import typer  # noqa: E402
 
+from hpc_grpo import __version__  # noqa: E402
 from hpc_grpo.cli import catalog_cmds, ckpt_cmds, data_cmds, eval_cmds, import_cmds, run_cmds, watch_cmds  # noqa: E402
-from hpc_grpo.cli.console import err, print_error  # noqa: E402
+from hpc_grpo.cli.console import err, print_error, short_help  # noqa: E402
 from hpc_grpo.common.yamlio import SpecError  # noqa: E402
 
 app = typer.Typer(
@@ -31,26 +33,47 @@ app = typer.Typer(
 data_app = typer.Typer(help="Prepare training and evaluation data.", no_args_is_help=True)
 model_app = typer.Typer(help="Build local models for machines without the Hugging Face Hub.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+
+
+def _command(fn: Callable[..., object], name: str | None = None) -> None:
+    """Register a command with its whole first sentence as the line `--help` lists."""
+    app.command(name, short_help=short_help(fn.__doc__))(fn)
+
+
+def _print_version(value: bool) -> None:
+    """`--version`: the installed package's version, so a bug report can name it."""
+    if value:
+        print(f"hpc-grpo {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True,
+                                 callback=_print_version),
+) -> None:
+    """Validated, rendered and resumable GRPO post-training jobs (verl, trl) on Slurm clusters."""
+
 app.add_typer(model_app, name="model")
 
-app.command()(catalog_cmds.recipes)
-app.command()(catalog_cmds.clusters)
-app.command()(run_cmds.plan)
-app.command()(run_cmds.render)
-app.command()(run_cmds.submit)
-app.command()(watch_cmds.status)
-app.command()(watch_cmds.logs)
-app.command()(ckpt_cmds.resume)
-app.command("runs")(catalog_cmds.list_runs)
-app.command("eval")(eval_cmds.eval_cmd)
-app.command()(run_cmds.rehearse)
-app.command("export")(ckpt_cmds.export_cmd)
-app.command()(eval_cmds.report)
-app.command("prune-ckpts")(ckpt_cmds.prune_ckpts)
-app.command("eval-code")(eval_cmds.eval_code)
-app.command("import")(import_cmds.import_cmd)
+_command(catalog_cmds.recipes)
+_command(catalog_cmds.clusters)
+_command(run_cmds.plan)
+_command(run_cmds.render)
+_command(run_cmds.submit)
+_command(watch_cmds.status)
+_command(watch_cmds.logs)
+_command(ckpt_cmds.resume)
+_command(catalog_cmds.list_runs, "runs")
+_command(eval_cmds.eval_cmd, "eval")
+_command(run_cmds.rehearse)
+_command(ckpt_cmds.export_cmd, "export")
+_command(eval_cmds.report)
+_command(ckpt_cmds.prune_ckpts, "prune-ckpts")
+_command(eval_cmds.eval_code, "eval-code")
+_command(import_cmds.import_cmd, "import")
 data_cmds.add_data_commands(data_app)  # one per data set of the reward and eval-task registries
-model_app.command("tiny")(data_cmds.model_tiny)
+model_app.command("tiny", short_help=short_help(data_cmds.model_tiny.__doc__))(data_cmds.model_tiny)
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from hpc_grpo.cli.console import Table, out, print_error, print_findings, print_json
-from hpc_grpo.cli.options import JsonT, RunT, WaitT
+from hpc_grpo.cli.options import JsonT, RunT, VerboseT, WaitT
 from hpc_grpo.cli.run_cmds import print_submitted, print_would_queue, refuse_unless_ok
 
 
@@ -19,6 +19,7 @@ def resume(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="show where it resumes and what it would queue; queue "
                                           "and write nothing")] = False,
     wait: WaitT = None,
+    verbose: VerboseT = False,
 ) -> None:
     """Resubmit a run from its frozen spec; training goes on from its newest complete checkpoint."""
     from hpc_grpo.commands.resume import check_plan, plan_resume, submit_resume
@@ -44,7 +45,7 @@ def resume(
         out.print(f"Would rewrite in {spec.run_dir}: {', '.join(files)}; and add a 'resume' line to {HISTORY_FILE}")
         print_would_queue(spec, files)
         return
-    print_submitted(submit_resume(plan), spec, wait)
+    print_submitted(submit_resume(plan), spec, wait, verbose)
 
 
 def export_cmd(

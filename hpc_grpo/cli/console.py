@@ -4,6 +4,7 @@ share. rich is loaded on the first print only (it costs ~50 ms), so `--json` and
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -95,3 +96,27 @@ def print_table(title: str, cols: tuple[str, ...], rows: list[tuple[str, ...]], 
     for r in rows:
         t.add_row(*r)
     out.print(t)
+
+
+def short_help(doc: str | None) -> str:
+    """The line `--help` lists for a command: its docstring's first sentence, whole (click would cut it with
+    "..." at the terminal's width), or the part before its first colon outside parentheses when the sentence is
+    longer than two lines."""
+    first = " ".join((doc or "").strip().split("\n\n")[0].split())
+    sentence = re.split(r"\.\s+(?=[A-Z])", first)[0].rstrip(".")
+    if len(sentence) > 120:
+        depth = 0
+        for i, ch in enumerate(sentence):
+            depth += (ch == "(") - (ch == ")")
+            if depth == 0 and sentence.startswith(": ", i):
+                return sentence[:i] + "."
+    return sentence + "."
+
+
+def print_reward_note(note: str) -> None:
+    """The recipe's one line on what its reward means (health.reward_note), so a demo's 0.1 and 0% read as
+    expected, not broken."""
+    if note:
+        from rich.markup import escape
+
+        out.print(f"[cyan]what the reward means:[/] {escape(note)}")

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hpc_grpo.cli.console import out
+from hpc_grpo.cli.console import out, short_help
 from hpc_grpo.common.loading import load_object
 from hpc_grpo.config import eval_tasks, reward_registry
 from hpc_grpo.config.data_sets import DataSet
@@ -71,7 +71,7 @@ def data_command(ds: DataSet) -> Callable[..., None]:
 def add_data_commands(app: typer.Typer) -> None:
     """One `data NAME` command per data set the registries name."""
     for ds in data_sets():
-        app.command(ds.name)(data_command(ds))
+        app.command(ds.name, short_help=short_help(ds.help))(data_command(ds))
 
 
 def model_tiny(

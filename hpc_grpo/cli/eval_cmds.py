@@ -15,22 +15,42 @@ from hpc_grpo.runstate.layout import REPORT_FILE
 StepT = Annotated[list[int] | None, typer.Option("--step", help="checkpoint step (repeatable; default: newest)")]
 
 
+def short_model(model: str, run_dir: Path | None) -> str:
+    """A model path as the eval table shows it: relative to the run directory where it is inside it
+    (exports/step_24), else with ~ for the home folder, so the table fits 80 columns."""
+    path = Path(model)
+    if run_dir is not None and path.is_relative_to(run_dir):
+        return str(path.relative_to(run_dir))
+    home = Path.home()
+    return f"~/{path.relative_to(home)}" if path.is_absolute() and path.is_relative_to(home) else model
+
+
 def print_eval_rows(results: list[dict[str, Any]]) -> None:
+    """One table per evaluation: policy, base and published rows; only the score columns some row has, model paths
+    relative to the run directory (the table fits 80 columns)."""
     from hpc_grpo.evaluation.evaluate import table_rows
 
     def pct(v: Any) -> str:
         return "-" if v is None else f"{v:.1%}"
 
     for result in results:
-        t = Table(title=f"Evaluation: {result.get('run_name') or result['model']}")
+        run_dir = Path(result["path"]).parent.parent if result.get("path") else None
+        name = result.get("run_name") or (run_dir.name if run_dir is not None else short_model(result["model"], None))
         rows = table_rows(result)
-        shown = {"strict", "flexible", "verl strict", "pass@1"}  # the fixed columns' labels (the task registry's)
-        extra = list(dict.fromkeys(k for r in rows for k in r.get("metrics", {}) if k not in shown))
-        for col in ("", "model", "task", "n", "strict-match", "flexible-extract", "verl strict", "pass@1", *extra):
+        # One task (a published row's "gsm8k (verl strict)" is gsm8k): it goes in the title, not in a column.
+        tasks = {r["task"].split(" (")[0] for r in rows}
+        one_task = len(tasks) == 1
+        t = Table(title=f"Evaluation: {name}" + (f", {rows[0]['task']}" if one_task else ""))
+        fixed = {"strict": "strict", "flexible": "flexible", "verl": "verl strict", "pass@1": "pass@1"}
+        extra = list(dict.fromkeys(k for r in rows for k in r.get("metrics", {}) if k not in fixed.values()))
+        scores = [k for k in fixed if any(r.get(k) is not None for r in rows)]
+        for col in ("", "model", *(() if one_task else ("task",)), "n"):
             t.add_column(col, overflow="fold")
+        for col in (*(fixed[k] for k in scores), *extra):
+            t.add_column(col, overflow="fold", max_width=8)  # "100.0%"; a long header wraps, the model keeps room
         for row in rows:
-            t.add_row(row["what"], row["model"], row["task"], str(row["n"]), pct(row["strict"]),
-                      pct(row["flexible"]), pct(row["verl"]), pct(row.get("pass@1")),
+            t.add_row(row["what"], short_model(row["model"], run_dir), *(() if one_task else (row["task"],)),
+                      str(row["n"]), *(pct(row.get(k)) for k in scores),
                       *(pct(row.get("metrics", {}).get(k)) for k in extra))
         out.print(t)
         rate = result.get("problems_per_s")

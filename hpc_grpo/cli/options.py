@@ -23,6 +23,9 @@ AcceptT = Annotated[list[str] | None, typer.Option("--accept", help="accept an e
 RunT = Annotated[str | None, typer.Argument(help="run name or folder (default: the newest run)")]
 WaitT = Annotated[bool | None, typer.Option("--wait/--no-wait", help="follow the job to its end "
                                                "(default: on for cluster=local)")]
+VerboseT = Annotated[bool, typer.Option("--verbose", "-v", help="with --wait: print the job's whole log (the "
+                                        "engine's config dump, vLLM's and Ray's warnings), not only hpc-grpo's "
+                                        "lines, the steps and errors")]
 
 
 def parse_args(args: list[str] | None) -> tuple[str, str | None, list[str]]:

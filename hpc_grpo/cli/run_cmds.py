@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from hpc_grpo.cli.console import Table, err, out, print_findings, print_json, print_rows
-from hpc_grpo.cli.options import AcceptT, ArgsT, JsonT, NameT, SchemaT, WaitT, parse_args, pick_cluster, resolve
+from hpc_grpo.cli.console import Table, err, out, print_findings, print_json, print_reward_note, print_rows
+from hpc_grpo.cli.options import AcceptT, ArgsT, JsonT, NameT, SchemaT, VerboseT, WaitT, parse_args, pick_cluster, resolve
 from hpc_grpo.cli.watch_cmds import wait_for
 
 
@@ -145,7 +145,7 @@ def print_would_queue(spec: Any, files: dict[str, str]) -> None:
         out.out(files[EVAL_SBATCH_SCRIPT], end="")
 
 
-def print_submitted(submission: Any, spec: Any, wait: bool | None) -> None:
+def print_submitted(submission: Any, spec: Any, wait: bool | None, verbose: bool = False) -> None:
     """The job's id and where to follow it; then, with --wait (default on cluster=local), follow it to its end."""
     from hpc_grpo.commands.watch import waits_by_default
 
@@ -153,11 +153,12 @@ def print_submitted(submission: Any, spec: Any, wait: bool | None) -> None:
     if submission.eval is not None:
         out.print(f"Eval job: {submission.eval.job_id} (afterany {submission.job_id})")
     print_eval_plan(spec)
+    print_reward_note(spec.recipe.health.reward_note)
     out.print(f"Follow it: hpc-grpo status {spec.run_name}    logs: {submission.log_hint}")
     if wait is None:
         wait = waits_by_default(spec)
     if wait:
-        raise typer.Exit(wait_for(submission))
+        raise typer.Exit(wait_for(submission, verbose))
 
 
 DiffT = Annotated[bool, typer.Option("--diff-defaults", help="also list every verl key this run sets away from "
@@ -211,6 +212,7 @@ def submit(
     schema: SchemaT = True,
     wait: WaitT = None,
     accept: AcceptT = None,
+    verbose: VerboseT = False,
 ) -> None:
     """Plan, create the run directory, render, and submit through submitit (Slurm or local)."""
     from hpc_grpo.launch.render import render_all
@@ -234,7 +236,7 @@ def submit(
 
     submission = submit_run(spec, files)
     out.print(f"Run directory: {submission.run_dir}")
-    print_submitted(submission, spec, wait)
+    print_submitted(submission, spec, wait, verbose)
 
 
 def rehearse(args: ArgsT = None, name: NameT = None) -> None:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hpc_grpo.cli.console import Table, err, out, print_json
+from hpc_grpo.cli.console import Table, err, out, print_json, print_reward_note
 from hpc_grpo.cli.eval_cmds import print_eval_rows
 from hpc_grpo.cli.options import JsonT, RunT
 
@@ -83,6 +83,7 @@ def print_monitor(mon: Any) -> None:
         names = ("reward", "kl", "grad_norm", "response_length")
         out.print("Latest (step {}): ".format(mon.latest.get("step")) + "   ".join(
             f"{k} {mon.latest[k]:.4g}" if isinstance(mon.latest.get(k), float) else f"{k} -" for k in names))
+    print_reward_note(mon.reward_note)
     out.print(f"[dim]metrics from {mon.source}[/]")
     print_hints(mon.hints)
 
@@ -116,14 +117,23 @@ def print_training_summary(run_dir: Path) -> None:
     out.print(f"Results: {run_dir}")
 
 
-def wait_for(submission: Any) -> int:
-    """Follow a job to its end, echoing its log, then print the run's status and training summary; the exit code."""
-    from hpc_grpo.commands.watch import job_end, job_log
+def wait_for(submission: Any, verbose: bool = False) -> int:
+    """Follow a job to its end, echoing hpc-grpo's lines, the steps and errors of its log (verbose: all of it), then
+    print the run's status and training summary; the exit code."""
+    from hpc_grpo.commands.watch import console_lines, job_end, job_log
 
-    echo(job_log(submission))
+    if verbose:
+        echo(job_log(submission))
+    else:
+        out.print(f"[dim]Following job {submission.job_id}: hpc-grpo's lines, the steps and errors (the whole log: "
+                  f"{submission.log_hint}; --verbose prints it)[/]")
+        echo(console_lines(job_log(submission)))
     end = job_end(submission)
     print_status(end.status)
-    print_training_summary(end.run_dir)
+    if verbose:  # else the step lines were shown as they came: the table would print them a second time
+        print_training_summary(end.run_dir)
+    else:
+        out.print(f"Results: {end.run_dir}")
     if end.newest_eval:
         print_eval_rows(end.newest_eval)
     return 0 if end.ok else 1

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from hpc_grpo.config import registry
@@ -35,9 +36,47 @@ def cluster_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def run_rows() -> list[dict[str, Any]]:
-    """Every run under every cluster's runs root, newest first."""
-    from hpc_grpo.commands.status import runs_roots
-    from hpc_grpo.runstate.runs import find_runs, run_summary
+def _cell(text: Any) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
 
-    return [run_summary(p) for p in find_runs(runs_roots())]
+
+def recipes_markdown() -> str:
+    """The README's recipe table, from the recipe files (`hpc-grpo recipes --markdown`; a test compares)."""
+    from hpc_grpo.config.resolve import load_raw
+    from hpc_grpo.config.spec import Recipe
+
+    lines = ["| recipe | engine / backend | nodes x GPUs | reward | what |", "|---|---|---|---|---|"]
+    for name in registry.list_names("recipes"):
+        r = Recipe.model_validate(load_raw("recipes", name)[0])
+        engine = r.engine if r.engine == "trl" else f"{r.engine} / {r.backend}"
+        gpus = f"{r.resources.nodes} x {r.resources.gpus_per_node}" if r.resources.gpus_per_node else \
+            f"{r.resources.nodes} x CPU"
+        reward = "- (own driver)" if r.launch.driver else r.grpo.reward
+        lines.append(f"| `{name}` | {engine} | {gpus} | {reward} | {_cell(r.description)} |")
+    return "\n".join(lines) + "\n"
+
+
+def clusters_markdown() -> str:
+    """The README's cluster-profile table, from the profile files (`hpc-grpo clusters --markdown`; a test compares)."""
+    lines = ["| profile | scheduler | nodes (most) x GPUs | what |", "|---|---|---|---|"]
+    for r in cluster_rows():
+        gpus = (f"{r['nodes_max']} x {r['gpus_per_node']}" + (f" {r['gpu']}" if r["gpu"] else "")
+                if r["gpus_per_node"] else f"{r['nodes_max']} x CPU")
+        lines.append(f"| `{r['name']}` | {r['scheduler']} | {_cell(gpus)} | {_cell(r['description'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_rows() -> list[dict[str, Any]]:
+    """Every run of this user under every cluster's runs root, newest first."""
+    return run_listing()[0]
+
+
+def run_listing() -> tuple[list[dict[str, Any]], list[Path], int]:
+    """(this user's runs under every cluster's runs root, newest first; the roots looked in; how many other users'
+    runs there were passed over)."""
+    from hpc_grpo.commands.status import runs_roots
+    from hpc_grpo.runstate.runs import run_summary, scan_runs
+
+    roots = runs_roots()
+    found, others = scan_runs(roots)
+    return [run_summary(p) for p in found], roots, others

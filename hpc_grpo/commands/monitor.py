@@ -2,9 +2,10 @@
 
 The numbers come from the engine's own output through hpc_grpo.runstate.metrics (metrics.jsonl: trl's rows or
 verl's file-logger rows; else verl's console metric lines in the driver's log). Health hints restate what healthy training
-looked like in the reference GPU run of docs/benchmarks.md (reward rising ~0.55 -> ~0.90; KL rising but bounded,
-~0.0027; grad norm smooth, ~0.005; responses not at the length limit) and a badly laid-out job's symptom (GPU use
-under 50%), so a user sees the problem while the job runs.
+looks like for the recipe (its `health` section: by default the reference GPU run of docs/benchmarks.md, reward
+rising ~0.55 -> ~0.90, KL rising but bounded at ~0.0027, grad norm smooth, responses not at the length limit; a demo
+declares its own KL scale and that its answers are meant to reach the limit) and a badly laid-out job's symptom
+(GPU use under 50%), so a user sees the problem while the job runs.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.config.steps import total_steps
 
 GPU_FIELDS = "index,name,utilization.gpu,memory.used,memory.total"
-KL_HEALTHY = 0.0027  # the reference GPU run's KL (docs/benchmarks.md)
-KL_TOO_HIGH = 0.1
+# KL hints, as multiples of the recipe's healthy KL (health.kl, by default the reference GPU run's 0.0027): "far
+# above" at 0.1 for that run, and a steady rise counts once it passes 0.01 there.
+KL_TOO_HIGH_X = 0.1 / 0.0027
+KL_RISING_X = 0.01 / 0.0027
 GPU_IDLE_PCT = 50  # a badly laid-out job's symptom: "GPU use under 50%"
 
 
@@ -42,9 +45,11 @@ class Monitor:
     latest: dict[str, Any] = field(default_factory=dict)
     hints: list[str] = field(default_factory=list)
     source: str = ""
+    reward_note: str = ""  # the recipe's health.reward_note: what its reward means (a demo's)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"progress": asdict(self.progress), "latest": self.latest, "hints": self.hints, "source": self.source}
+        return {"progress": asdict(self.progress), "latest": self.latest, "hints": self.hints, "source": self.source,
+                "reward_note": self.reward_note}
 
 
 # A mean response length at this share of data.max_response_length counts as "at the limit" (answers cut off).
@@ -99,11 +104,13 @@ def health_hints(spec: RunSpec, rows: list[dict[str, Any]]) -> list[str]:
     def series(key: str) -> list[float]:
         return [r[key] for r in rows if isinstance(r.get(key), (int, float))]
 
+    healthy = spec.recipe.health
     kl = series("kl")
-    if kl and kl[-1] > KL_TOO_HIGH:
-        hints.append(f"KL {kl[-1]:.4g} is far above a healthy run's ~{KL_HEALTHY} (rising but bounded): the "
-                     "policy is drifting from the reference; lower grpo.lr or raise grpo.kl_coef")
-    elif len(kl) >= 6 and all(b > a for a, b in zip(kl[-6:], kl[-5:])) and kl[-1] > 0.01 and kl[-1] > 2 * kl[-6]:
+    if kl and kl[-1] > KL_TOO_HIGH_X * healthy.kl:
+        hints.append(f"KL {kl[-1]:.4g} is far above this recipe's healthy ~{healthy.kl:g} (health.kl; rising but "
+                     "bounded): the policy is drifting from the reference; lower grpo.lr or raise grpo.kl_coef")
+    elif (len(kl) >= 6 and all(b > a for a, b in zip(kl[-6:], kl[-5:])) and kl[-1] > KL_RISING_X * healthy.kl
+          and kl[-1] > 2 * kl[-6]):
         hints.append(f"KL has risen for 5 logged steps in a row, {kl[-6]:.4g} -> {kl[-1]:.4g}, without levelling off: "
                      "watch for divergence (lower grpo.lr or raise grpo.kl_coef)")
     reward = series("reward")
@@ -121,7 +128,8 @@ def health_hints(spec: RunSpec, rows: list[dict[str, Any]]) -> list[str]:
     limit = spec.recipe.data.max_response_length
     length = series("response_length")
     clip = series("response_clip_ratio")
-    if (clip and clip[-1] >= 0.5) or (length and length[-1] >= AT_LIMIT_SHARE * limit):
+    at_limit = (clip and clip[-1] >= 0.5) or (length and length[-1] >= AT_LIMIT_SHARE * limit)
+    if at_limit and not healthy.length_limit_by_design:
         what = f"{clip[-1]:.0%} of responses" if clip and clip[-1] >= 0.5 else f"mean response length {length[-1]:.0f}"
         hints.append(f"{what} at the limit data.max_response_length={limit}: answers are cut off before they end "
                      "(reward is lost); raise data.max_response_length or check the prompt format")
@@ -131,7 +139,8 @@ def health_hints(spec: RunSpec, rows: list[dict[str, Any]]) -> list[str]:
 def monitor(spec: RunSpec) -> Monitor:
     rows, printed, source = read_rows(spec)
     latest = {k: v for k, v in (rows[-1] if rows else {}).items() if k != "time"}
-    return Monitor(progress_of(spec, rows, printed), latest, health_hints(spec, rows), source)
+    return Monitor(progress_of(spec, rows, printed), latest, health_hints(spec, rows), source,
+                   spec.recipe.health.reward_note)
 
 
 def bar(step: int | None, total: int | None, width: int = 30) -> str:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.config.resolve import load_frozen
 from hpc_grpo.evaluation import evaluate
 from hpc_grpo.runstate import layout
 from hpc_grpo.runstate import metrics as engine_metrics
@@ -25,9 +27,12 @@ class Report:
     steps: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # curve -> (step, value)
     evals: list[dict[str, Any]] = field(default_factory=list)
     source: str = ""
+    reward_note: str = ""  # the recipe's health.reward_note: what its reward means (a demo's)
 
     def summary(self) -> list[str]:
         lines = [f"run {self.run_name}: training metrics from {self.source or 'nowhere (none logged yet)'}"]
+        if self.reward_note:
+            lines.append(f"  what the reward means: {self.reward_note}")
         for name, pts in self.steps.items():
             if pts:
                 first, last = pts[0][1], pts[-1][1]
@@ -62,10 +67,21 @@ def build(run_dir: Path) -> Report:
     """Curves from the run's metrics (hpc_grpo.runstate.metrics: metrics.jsonl, else verl's console lines in the
     driver logs of RUN/submitit) and the evaluation points."""
     got = engine_metrics.run_metrics(run_dir, layout.driver_logs(run_dir))
-    rep = Report(run_dir.name, source=got.source, evals=evaluate.load_results(run_dir))
+    rep = Report(run_dir.name, source=got.source, evals=evaluate.load_results(run_dir), reward_note=reward_note(run_dir))
     for curve, name in CURVES.items():
         rep.steps[curve] = [(r["step"], float(r[name])) for r in got.rows if isinstance(r.get(name), (int, float))]
     return rep
+
+
+def reward_note(run_dir: Path) -> str:
+    """The frozen recipe's health.reward_note; '' when the run has no readable spec.yaml."""
+    spec_file = layout.spec_file(run_dir)
+    if not spec_file.is_file():
+        return ""
+    try:
+        return load_frozen(spec_file).recipe.health.reward_note
+    except SpecError:
+        return ""
 
 
 def figure_path(run_dir: Path, png: Path | None = None) -> Path:
@@ -88,39 +104,67 @@ def draw(rep: Report, out: Path) -> Path:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", lw=1)
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
-    ax = axes.flat[4]
-    ax.set_title("evaluation per step")
-    ax.set_xlabel("step")
-    ax.set_ylim(-0.02, 1.02)
-    if rep.evals:
-        task = next(iter(rep.evals[-1]["scores"]))
-        xs = [r["step"] for r in rep.evals if task in r["scores"]]
-        for key, label in score_keys(rep.evals[-1]["scores"][task]):
-            ax.plot(xs, [r["scores"][task][key] for r in rep.evals if task in r["scores"]], marker="o", label=label)
-        ax.legend(fontsize=7)
-    else:
-        ax.text(0.5, 0.5, "no evaluation yet", ha="center", va="center", transform=ax.transAxes, color="grey")
-    ax = axes.flat[5]
-    ax.set_title("policy vs base (last eval)")
-    ax.set_ylim(0, 1)
-    if rep.evals:
-        last = rep.evals[-1]
-        task = next(iter(last["scores"]))
-        base = (last.get("base") or {}).get("scores", {}).get(task)
-        pol, bas = last["scores"][task], base or {}
-        labels, keys = [lb for _, lb in score_keys(pol)], [k for k, _ in score_keys(pol)]
-        xs = list(range(len(keys)))
-        ax.bar([x - 0.2 for x in xs], [pol[k] for k in keys], width=0.4, label=f"step {last['step']}")
-        ax.bar([x + 0.2 for x in xs], [bas.get(k, 0) for k in keys], width=0.4, label="base")
-        ax.set_xticks(list(xs), labels)
-        pub = last.get("published")
-        if pub and task.startswith("gsm8k"):
-            ax.axhline(pub["gsm8k"] / 100, ls="--", color="k", lw=1, label=f"published {pub['gsm8k']}%")
-        ax.legend(fontsize=7)
-        ax.set_xlabel(f"{task}, n={pol['n']}")
+    draw_evals(axes.flat[4], rep)
+    draw_last_eval(axes.flat[5], rep)
     fig.suptitle(f"hpc-grpo report: {rep.run_name}", fontsize=11)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+def draw_evals(ax: Any, rep: Report) -> None:
+    """Eval accuracy per step, each point labelled with its value (0% reads as 0%, not as a missing line); the step
+    axis spans from 0 to past the last eval, so one eval is a labelled point, not a dot on a 23-25 axis."""
+    from matplotlib.ticker import PercentFormatter
+
+    ax.set_title("evaluation per step")
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.05, 1.05)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    if not rep.evals:
+        ax.text(0.5, 0.5, "no evaluation yet", ha="center", va="center", transform=ax.transAxes, color="grey")
+        return
+    task = next(iter(rep.evals[-1]["scores"]))
+    results = [r for r in rep.evals if task in r["scores"]]
+    xs = [r["step"] for r in results]
+    labelled: set[tuple[int, str]] = set()  # one label per step and value: equal scores share a point
+    for key, label in score_keys(rep.evals[-1]["scores"][task]):
+        ys = [r["scores"][task].get(key, 0.0) for r in results]
+        ax.plot(xs, ys, marker="o", label=label)
+        for x, y in zip(xs, ys):
+            if len(xs) <= 4 and (x, f"{y:.0%}") not in labelled:
+                labelled.add((x, f"{y:.0%}"))
+                ax.annotate(f"{y:.0%}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ax.set_xlim(0, max(xs) * 1.1 + 1)
+    ax.set_xticks(sorted({0, *xs}))
+    ax.legend(fontsize=7, title=task, title_fontsize=7)
+
+
+def draw_last_eval(ax: Any, rep: Report) -> None:
+    """The last eval beside the base model: bars labelled with their value, so a 0% bar reads "0%"."""
+    from matplotlib.ticker import PercentFormatter
+
+    ax.set_title("policy vs base (last eval)")
+    ax.set_ylim(0, 1.1)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    if not rep.evals:
+        ax.text(0.5, 0.5, "no evaluation yet", ha="center", va="center", transform=ax.transAxes, color="grey")
+        return
+    last = rep.evals[-1]
+    task = next(iter(last["scores"]))
+    base = (last.get("base") or {}).get("scores", {}).get(task)
+    pol = last["scores"][task]
+    labels, keys = [lb for _, lb in score_keys(pol)], [k for k, _ in score_keys(pol)]
+    xs = list(range(len(keys)))
+    series = [(f"step {last['step']}", pol, -0.2)] + ([("base", base, 0.2)] if base else [])
+    for label, scores, shift in series:
+        bars = ax.bar([x + shift for x in xs], [scores.get(k, 0.0) for k in keys], width=0.4, label=label)
+        ax.bar_label(bars, labels=[f"{scores.get(k, 0.0):.0%}" for k in keys], fontsize=7, padding=2)
+    ax.set_xticks(list(xs), labels)
+    pub = last.get("published")
+    if pub and task.startswith("gsm8k"):
+        ax.axhline(pub["gsm8k"] / 100, ls="--", color="k", lw=1, label=f"published {pub['gsm8k']}%")
+    ax.legend(fontsize=7)
+    ax.set_xlabel(f"{task}, n={pol['n']}")

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from hpc_grpo.commands.monitor import Progress, monitor
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.runstate import runs
+from hpc_grpo.runstate.metrics import parse_verl_line
 
 WATCH_INTERVAL_S = 5.0
 
@@ -44,6 +46,49 @@ def job_log(submission: Any) -> Iterator[str]:
     from hpc_grpo.commands.logs import follow
 
     return follow(Path(submission.log_hint), lambda: not submission.job.done())
+
+
+# What a console following a job shows of its log (the whole log stays in the run directory: `hpc-grpo logs`,
+# or --verbose): hpc-grpo's own lines (`hpc-grpo: ...`, `[hpc-grpo trl +1.0s] ...`, also behind Ray's
+# `(TaskRunner pid=N)` prefix), verl's step lines shortened, and errors with their tracebacks. Left out: verl's
+# config dump, vLLM's and Ray's info and warning lines, progress bars.
+_OURS = re.compile(r"(?:^|\)\s)\[?hpc-grpo\b")
+_ERROR = re.compile(r"^(?:\([^)]*\)\s*)?(?:Traceback \(most recent call last\)|[\w.]*(?:Error|Exception)\b|error:|ERROR\b)")
+_RAY_PREFIX = re.compile(r"^\([^)]*\)\s*")
+
+
+def short_step(row: dict[str, Any]) -> str:
+    """verl's step line (dozens of metrics) as the console shows it: the step, reward, KL, length, seconds."""
+    shown = [f"{name} {row[key]:.4g}" for key, name in (("reward", "reward"), ("kl", "kl"),
+                                                         ("response_length", "response length"))
+             if isinstance(row.get(key), float)]
+    took = f" ({row['step_time']:.1f} s)" if isinstance(row.get("step_time"), float) else ""
+    return f"hpc-grpo: verl step {row['step']}: " + ", ".join(shown) + took
+
+
+def console_lines(chunks: Iterable[str]) -> Iterator[str]:
+    """The lines of a job's log a console following it shows (see _OURS above), as they complete."""
+    pending = ""
+    in_traceback = False
+    for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split("\n")
+        for raw in lines:
+            line = raw.rsplit("\r", 1)[-1]  # a progress bar redraws with \r: its last state
+            body = _RAY_PREFIX.sub("", line)
+            if in_traceback:
+                yield line + "\n"
+                in_traceback = body.startswith((" ", "\t", "Traceback")) or not body.strip()
+                continue
+            if _OURS.search(line):
+                yield line + "\n"
+            elif (row := parse_verl_line(line)) is not None:
+                yield short_step(row) + "\n"
+            elif _ERROR.match(line):
+                in_traceback = body.startswith("Traceback")
+                yield line + "\n"
+    if pending.strip() and (_OURS.search(pending) or _ERROR.match(pending)):
+        yield pending + "\n"
 
 
 @dataclass

@@ -4,11 +4,11 @@ retired names, each pointing at the key that means the same now."""
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from hpc_grpo.common.closest import closest
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.secrets import HIDDEN, redact, secret_in
 from hpc_grpo.config.spec import Recipe, RunSpec
@@ -78,9 +78,9 @@ def did_you_mean(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
     if owner is None:
         return ""
     names = list(owner.model_fields)
-    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.5)
+    close = closest(str(loc[-1]), names)
     if close:
-        suggestion = ".".join(map(str, (*loc[:-1], close[0])))
+        suggestion = ".".join(map(str, (*loc[:-1], close)))
         return f"did you mean '{suggestion}'{described(model, suggestion)}? "
     return f"valid keys here: {', '.join(names)}. "
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hpc_grpo.common.closest import closest
 from hpc_grpo.config.fields import check_name
 from hpc_grpo.common.yamlio import SpecError
 
@@ -48,8 +49,10 @@ def find(kind: str, name: str) -> Path:
         candidate = folder / f"{name}.yaml"
         if candidate.is_file():
             return candidate
-    known = ", ".join(list_names(kind)) or "none"
-    raise SpecError(f"no {what} named {name!r}; known: {known}", key=what)
+    names = list_names(kind)
+    close = closest(name, names)
+    hint = f"did you mean {what}={close}? " if close else ""
+    raise SpecError(f"no {what} named {name!r}; {hint}known: {', '.join(names) or 'none'}", key=what)
 
 
 def list_names(kind: str) -> list[str]:

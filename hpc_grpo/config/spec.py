@@ -431,6 +431,20 @@ class Launch(Strict):
                                     "to join before the job fails, naming the missing nodes")
 
 
+class Health(Strict):
+    """What healthy training of this recipe looks like: status's health hints judge the run's numbers against it,
+    not against a 3B run's. The defaults are the reference GPU run's (docs/benchmarks.md); a demo declares its own
+    (a random tiny model at lr 2e-2 drifts far from its reference by design, and its 16-token answers are meant to
+    reach the length limit)."""
+
+    kl: float = Field(default=0.0027, gt=0, description="the KL to the reference a healthy run of this recipe "
+                      "reaches; status hints only at many times it (the reference 3B run's: 0.0027)")
+    length_limit_by_design: bool = Field(default=False, description="responses are meant to reach "
+                                         "data.max_response_length (a demo's short limit): no cut-off hint")
+    reward_note: str = Field(default="", description="one line on what this recipe's reward means (a demo: the "
+                             "format bonus, 0% expected on the eval), printed by submit, status and report")
+
+
 class Recipe(Strict):
     """One training recipe: model, data, layout, algorithm, batches, checkpointing."""
 
@@ -454,6 +468,8 @@ class Recipe(Strict):
     logging: Logging = Field(default_factory=Logging, description="metrics loggers")
     eval: Eval = Field(default_factory=Eval, description="evaluation after training")
     launch: Launch = Field(default_factory=Launch, description="the job's driver and Ray start-up")
+    health: Health = Field(default_factory=Health, description="what healthy training of this recipe looks like "
+                           "(status's hints)")
     passthrough: dict[str, Any] = Field(
         default_factory=dict, description="engine keys the schema does not model, verbatim"
     )

@@ -79,7 +79,9 @@ def _driver_lister(address: str, deadline: float) -> tuple[Callable[[], list[dic
 
 
 def wait_for_nodes(address: str, nodes: int, gpus: int, timeout: float, expect: list[str],
-                   ray_pid: int | None = None, marker: str | None = None) -> int:
+                   ray_pid: int | None = None, marker: str | None = None, unit: str = "GPU(s)") -> int:
+    """0 once `nodes` nodes with `gpus` of Ray's GPU resource have joined. unit: what that resource is, for the log
+    line (verl's CPU mode gives Ray stand-in GPUs, one per CPU worker, on a machine with none)."""
     deadline = time.monotonic() + timeout
     import ray  # noqa: F401  # about a second on a busy node: spent while the head starts
 
@@ -114,7 +116,7 @@ def wait_for_nodes(address: str, nodes: int, gpus: int, timeout: float, expect: 
             have_gpus = sum(int(n.get("Resources", {}).get("GPU", 0)) for n in alive)
             if len(alive) >= nodes and have_gpus >= gpus:
                 now = time.time()
-                _log(f"{len(alive)} node(s), {have_gpus} GPU(s) in the Ray cluster")
+                _log(f"{len(alive)} node(s), {have_gpus} {unit} in the Ray cluster")
                 if marker:
                     _write_marker(Path(marker), {"time": now, "nodes": len(alive), "gpus": have_gpus,
                                                  "addresses": sorted(n.get("NodeManagerAddress") for n in alive)})

@@ -185,7 +185,7 @@ def run_head(o: Options, layout: NodeLayout, env: dict[str, str]) -> int:
 
         status = wait_for_nodes(gcs, o.nodes, o.nodes * o.gpus_per_node, o.join_timeout_s,
                                 node_plan.expected_nodes(layout.names, layout.addresses),
-                                ray.proc.pid if ray.proc else None, str(files.joined))
+                                ray.proc.pid if ray.proc else None, str(files.joined), gpu_unit(o.spec))
         if status != 0:
             return status
         log(f"all {o.nodes} node(s) joined; starting the driver")
@@ -247,6 +247,19 @@ def run_worker(o: Options, layout: NodeLayout) -> int:
         ray.stop()
         _touch(files.stopped(layout.index))
         log(f"{label}: Ray worker stopped")
+
+
+def gpu_unit(spec_path: Path) -> str:
+    """What Ray's GPU resource is on this run, for the joined line: real GPUs, or verl's CPU mode's stand-ins (one
+    per CPU worker: no GPU is there)."""
+    from hpc_grpo.config.resolve import load_frozen
+    from hpc_grpo.common.yamlio import SpecError
+
+    try:
+        cpu = load_frozen(spec_path).verl_cpu
+    except (OSError, SpecError):
+        return "GPU(s)"
+    return "CPU worker(s), no GPU (verl's CPU mode)" if cpu else "GPU(s)"
 
 
 def code_sandbox_line(spec_path: Path) -> str | None:

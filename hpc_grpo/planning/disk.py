@@ -46,10 +46,12 @@ def kept_checkpoints(spec: RunSpec) -> tuple[int, str]:
 
 
 def check_disk(spec: RunSpec, shape: ModelShape | None, root: Path, make: Callable[..., Finding] = warning,
-               ) -> list[Finding]:
+               filesystem: str = "") -> list[Finding]:
     """The checkpoints the retention policy keeps, plus the one being written, must fit in the free space of the
-    runs root (`root`: the nearest existing folder of it). A run that does not fit dies mid-way (the reference
-    GPU run of docs/benchmarks.md died at step 80 of 105 on a full disk). Called by preflight: a warning in plan, an error at submit (`make`)."""
+    runs root (`root`: the nearest existing folder of it; `filesystem`: its mount point and type, named in the
+    finding so a reader knows which disk was measured). A run that does not fit dies mid-way (the reference GPU run
+    of docs/benchmarks.md died at step 80 of 105 on a full disk). Called by preflight: a warning in plan, an error
+    at submit (`make`)."""
     r = spec.recipe
     size = checkpoint_gib(spec, shape)
     count, how = kept_checkpoints(spec)
@@ -61,7 +63,8 @@ def check_disk(spec: RunSpec, shape: ModelShape | None, root: Path, make: Callab
         how += ", capped by checkpoint.max_bytes"
     what = f"retention keeps {how}: ~{need:.1f} GiB" + (f" (~{size:.1f} GiB each)" if size else "")
     free = shutil.disk_usage(root).free / 2**30
-    msg = f"{what}; {root} has {free:.0f} GiB free"
+    on = f" (filesystem {filesystem})" if filesystem else ""
+    msg = f"{what}; {root}{on} has {free:.0f} GiB free"
     if need > free:
         return [make("checkpoint.keep_last", msg, "lower checkpoint.keep_last or keep_every, set checkpoint.max_bytes, "
                      "enable LoRA, or use a bigger runs_root")]

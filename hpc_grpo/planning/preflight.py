@@ -218,18 +218,32 @@ def check_lock_filesystem(root: Path, existing: Path, mounts: Path = Path("/proc
 
 
 def check_runs_root(spec: RunSpec, shape: ModelShape | None, make: Make) -> list[Finding]:
-    c, r = spec.cluster, spec.recipe
+    c = spec.cluster
     root = c.runs_root_path()
     out: list[Finding] = []
     existing = next((p for p in (root, *root.parents) if p.exists()), Path("/"))
+    if existing == Path("/") != root and c.scheduler != "local":
+        # None of the runs root's folders is on this machine: it is the cluster's filesystem, not this one's `/`.
+        return [info("cluster.runs_root", f"runs root {root}: not checked here (no folder of it exists on this "
+                     "machine): whether it is writable and has room for the kept checkpoints is checked when plan "
+                     "runs where the cluster's filesystems are mounted (its login node)"),
+                *check_shared(spec, root, make)]
     if not existing.is_dir():
         return [make("cluster.runs_root", f"{existing} is not a folder, so {root} cannot be created",
                      "set cluster.runs_root to a folder you own")]
     if not os.access(existing, os.W_OK | os.X_OK):
         verb = "is not writable" if existing == root else f"cannot be created ({existing} is not writable)"
         return [make("cluster.runs_root", f"runs root {root} {verb}", "set cluster.runs_root to a folder you can write")]
-    out += check_disk(spec, shape, existing, make)
+    mount = mount_of(existing)
+    out += check_disk(spec, shape, existing, make, f"{mount[0]}, {mount[1]}" if mount else "")
     out += check_lock_filesystem(root, existing)
+    return out + check_shared(spec, root, make)
+
+
+def check_shared(spec: RunSpec, root: Path, make: Make) -> list[Finding]:
+    """A multi-node run's runs root must be a folder every node sees (the profile's shared_paths), not node-local."""
+    c, r = spec.cluster, spec.recipe
+    out: list[Finding] = []
     if r.resources.nodes > 1:
         shared = c.shared_path_list()
         if _under(root, shared):

@@ -312,14 +312,33 @@ def wandb_run_id(run_dir: Path) -> str:
     return f"{name}-{digest}"
 
 
-def find_runs(roots: list[Path]) -> list[Path]:
-    """Run directories (those holding a spec.yaml) under the given roots, newest first."""
+def yours(spec_file: Path) -> bool:
+    """Whether a run is this user's: its spec.yaml is theirs and readable. A runs root may be shared (slurm-dev's
+    /tmp/hpc-grpo-runs): another user's run there is not listed, picked as the newest, or pruned by --all."""
+    try:
+        return spec_file.stat().st_uid == os.getuid() and os.access(spec_file, os.R_OK)
+    except OSError:
+        return False
+
+
+def scan_runs(roots: list[Path]) -> tuple[list[Path], int]:
+    """(this user's run directories (those holding a spec.yaml) under the given roots, newest first; how many
+    other users' runs were passed over)."""
     found: dict[Path, float] = {}
+    others: set[Path] = set()
     for root in roots:
         if root.is_dir():
             for spec in layout.find_specs(root):
-                found[spec.parent.resolve()] = spec.stat().st_mtime
-    return sorted(found, key=found.__getitem__, reverse=True)
+                if yours(spec):
+                    found[spec.parent.resolve()] = spec.stat().st_mtime
+                else:
+                    others.add(spec.parent.resolve())
+    return sorted(found, key=found.__getitem__, reverse=True), len(others)
+
+
+def find_runs(roots: list[Path]) -> list[Path]:
+    """This user's run directories under the given roots, newest first."""
+    return scan_runs(roots)[0]
 
 
 def run_summary(run_dir: Path) -> dict[str, Any]:

@@ -58,6 +58,8 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("unknown-option", {}, ["recipe=tiny-gsm8k", "--bogus"], "--bogus"),
     ("missing-recipe", {}, ["recipe=nope"], "no recipe named 'nope'"),
     ("missing-cluster", {}, ["recipe=tiny-gsm8k", "cluster=nope"], "no cluster named 'nope'"),
+    ("typo-recipe", {}, ["recipe=tiny-gsm8"], "did you mean recipe=tiny-gsm8k?"),
+    ("typo-cluster", {}, ["recipe=tiny-gsm8k", "cluster=locl"], "did you mean cluster=local?"),
     ("traversal-recipe", {}, ["recipe=../../etc/passwd"], "recipe"),
     ("traversal-cluster", {}, ["recipe=tiny-gsm8k", "cluster=../clusters/local"], "cluster"),
     ("injection-recipe", {}, ["recipe=x;rm -rf ~"], "recipe"),

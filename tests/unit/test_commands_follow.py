@@ -162,3 +162,72 @@ def test_catalog_lists_every_recipe_and_cluster(monkeypatch: pytest.MonkeyPatch)
 def test_report_figure_goes_into_the_run_unless_told(tmp_path: Path) -> None:
     assert report.figure_path(tmp_path) == tmp_path / "report.png"
     assert report.figure_path(tmp_path, tmp_path / "x.png") == tmp_path / "x.png"
+
+
+# A verl job's stdout as it arrives, in the shapes verl 0.9, vLLM and Ray print (a few lines of each): the console
+# following the job gets hpc-grpo's lines, each step shortened, and an error with its traceback, nothing else.
+VERL_STDOUT = """hpc-grpo: [1733490000.000] starting the Ray head on node0 (127.0.0.2:6380) for 1 node(s)
+hpc-grpo: [1733490005.000] 1 node(s), 1 CPU worker(s), no GPU (verl's CPU mode) in the Ray cluster
+(TaskRunner pid=4242) {'actor_rollout_ref': {'actor': {'_target_': 'verl.workers.config.FSDPActorConfig',
+(TaskRunner pid=4242)                                  'checkpoint': {'save_contents': ['model', 'optimizer'],
+(TaskRunner pid=4242)                        'ppo_mini_batch_size': 8}}}
+(TaskRunner pid=4242) WARNING 12-06 13:00:01 [config.py:123] bfloat16 is not supported on this CPU, using float32
+(WorkerDict pid=4300) INFO 12-06 13:00:02 [cpu_worker.py:77] OMP threads binding of Process 4300: auto
+(TaskRunner pid=4242) Training Progress:  12%|#2        | 2/16 [00:10<01:10,  5.00s/it]\r\
+Training Progress:  19%|#8        | 3/16 [00:15<01:05,  5.00s/it]
+(TaskRunner pid=4242) step:1 - actor/entropy:10.3 - actor/kl_loss:0.0 - actor/grad_norm:0.52 - critic/score/mean:0.025 - response_length/mean:16.0 - response_length/clip_ratio:1.0 - timing_s/step:12.34 - perf/throughput:3.1
+(TaskRunner pid=4242) [hpc-grpo] USR2: saving at the next step boundary, then stopping for the requeue
+Traceback (most recent call last):
+  File "/x/verl/trainer/main_ppo.py", line 42, in main
+    run_ppo(config)
+RuntimeError: the vLLM engine died
+after the error, more noise
+hpc-grpo: [1733490099.000] Ray head stopped"""
+
+
+def test_console_lines_keep_ours_the_steps_and_errors() -> None:
+    chunks = [VERL_STDOUT[i:i + 37] for i in range(0, len(VERL_STDOUT), 37)]  # arrives in pieces
+    shown = "".join(watch.console_lines(chunks)).splitlines()
+    assert shown == [
+        "hpc-grpo: [1733490000.000] starting the Ray head on node0 (127.0.0.2:6380) for 1 node(s)",
+        "hpc-grpo: [1733490005.000] 1 node(s), 1 CPU worker(s), no GPU (verl's CPU mode) in the Ray cluster",
+        "hpc-grpo: verl step 1: reward 0.025, kl 0, response length 16 (12.3 s)",
+        "(TaskRunner pid=4242) [hpc-grpo] USR2: saving at the next step boundary, then stopping for the requeue",
+        "Traceback (most recent call last):",
+        '  File "/x/verl/trainer/main_ppo.py", line 42, in main',
+        "    run_ppo(config)",
+        "RuntimeError: the vLLM engine died",
+        "hpc-grpo: [1733490099.000] Ray head stopped",
+    ]
+
+
+def test_runs_lists_only_your_runs_and_says_where_it_looked(isolated: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A shared runs root (slurm-dev's /tmp/hpc-grpo-runs) holds another user's run: `runs` leaves it out and says
+    so, names the roots it looked in, and the newest run a command picks is yours."""
+    import os
+
+    from tests.cli_run import run_cli
+
+    if os.getuid() != 0:
+        reason = "giving a run to another user needs root (chown)"
+        print(f"SKIP: {reason}")
+        pytest.skip(reason)
+    root = isolated / "shared-runs"
+    monkeypatch.setattr("hpc_grpo.commands.status.runs_roots", lambda: [root, isolated / "nowhere"])
+    for name in ("mine", "theirs"):
+        spec = resolve_spec("tiny-gsm8k", "local", [f"cluster.runs_root={root}"], run_name=name)
+        render.write_files(spec.path, render.render_all(spec))
+    theirs = layout.spec_file(root / "theirs")
+    os.chown(theirs, 54321, 54321)
+    os.utime(theirs)  # the newest
+    assert runs.scan_runs([root]) == ([(root / "mine").resolve()], 1)
+    code, text = run_cli(monkeypatch, capsys, "runs")
+    assert code in (None, 0)
+    flat = " ".join(text.split())
+    assert "mine" in flat and "theirs" not in flat
+    assert f"Looked in: {root} (not on this machine: {isolated / 'nowhere'})" in flat
+    assert "1 run(s) of other users there not listed" in flat
+    from hpc_grpo.commands.status import locate_run
+
+    assert locate_run(None) == (root / "mine").resolve()

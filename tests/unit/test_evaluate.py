@@ -166,6 +166,41 @@ def test_report_from_trl_metrics(tmp_path: Path) -> None:
     assert "no evaluation yet" in "\n".join(rep.summary())
 
 
+def zero_result(step: int) -> dict:
+    """A random tiny model's eval: every score 0, base and policy."""
+    zero = {"strict_match": 0.0, "flexible_extract": 0.0, "verl_strict_reward": 0.0, "n": 10, "samples": []}
+    return {"step": step, "model": f"/r/exports/step_{step}", "scores": {"gsm8k": zero},
+            "base": {"model": "/m/tiny", "scores": {"gsm8k": dict(zero)}}, "published": None}
+
+
+def test_report_reads_zero_as_zero_percent(isolated: Path) -> None:
+    """One eval at 0% (the tiny demo's expected score): the eval panel's step axis starts at 0 and the point and
+    every bar are labelled 0%, so the panels read as a measured 0%, not as missing data; the summary says what the
+    demo's reward means."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spec = resolve_spec("tiny-gsm8k", "local", [f"cluster.runs_root={isolated}"], run_name="demo")
+    render.write_files(spec.path, render.render_all(spec))
+    (spec.path / "eval").mkdir()
+    (spec.path / "eval" / "step_24.json").write_text(json.dumps(zero_result(24)))
+    rep = report.build(spec.path)
+    assert f"  what the reward means: {spec.recipe.health.reward_note}" in rep.summary()
+    assert "0% on GSM8K" in spec.recipe.health.reward_note
+    fig, (ax_steps, ax_bars) = plt.subplots(1, 2)
+    report.draw_evals(ax_steps, rep)
+    report.draw_last_eval(ax_bars, rep)
+    low, high = ax_steps.get_xlim()
+    assert low == 0 and high > 24 and 24 in list(ax_steps.get_xticks())
+    assert [t.get_text() for t in ax_steps.texts] == ["0%"]  # strict, flexible, verl strict share the point
+    bar_labels = [t.get_text() for t in ax_bars.texts]
+    assert bar_labels == ["0%"] * 6  # three scores, policy and base
+    plt.close(fig)
+
+
 def test_plan_refuses_an_eval_that_cannot_run(isolated: Path) -> None:
     from hpc_grpo.planning.plan import run_plan
 
@@ -196,3 +231,24 @@ def test_choose_newest_all_kept_or_named_steps(isolated: Path) -> None:
     assert [c.step for c in choose(spec, [2], False)] == [2]
     with pytest.raises(EvalError, match=r"--step 6: no complete checkpoint with that step \(complete: 2, 4\)"):
         choose(spec, [6], False)
+
+
+def test_the_eval_table_fits_80_columns(isolated: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Model paths shown relative to the run directory (or with ~), and only the score columns some row has: the
+    table of a run under a long runs root fits 80 columns without folding a path."""
+    from hpc_grpo.cli import eval_cmds
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(Path, "home", lambda: isolated)
+    run = isolated / "hpc-grpo" / "runs" / "tiny-gsm8k-20261206-131500"
+    res = zero_result(24)
+    res["model"] = str(run / "exports" / "step_24")
+    res["base"]["model"] = str(isolated / ".cache" / "hpc-grpo" / "tiny-qwen2")
+    res.update(wall_time_s=12.0, problems_per_s=0.8, path=str(run / "eval" / "step_24.json"))
+    eval_cmds.print_eval_rows([res])
+    text = capsys.readouterr().out
+    table = text.split("wall time")[0]
+    assert max(len(line) for line in table.splitlines()) <= 80, table
+    assert "exports/step_24" in table and "~/.cache/hpc-grpo/tiny-qwen2" in table
+    assert "pass@1" not in table  # no row has it

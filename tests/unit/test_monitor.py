@@ -96,9 +96,27 @@ def rows_with(key: str, values: list[float]) -> list[dict]:
     ("response_clip_ratio", [0.1, 0.6], "60% of responses"),
 ])
 def test_hints_when_leaving_the_healthy_range(isolated, key, values, words) -> None:
-    spec = trl_spec(isolated)
+    spec = trl_spec(isolated, *REFERENCE_SCALE)
     (hint,) = monitor.health_hints(spec, rows_with(key, values))
     assert words in hint
+
+
+# The reference GPU run's health section (the defaults) on the tiny recipe, whose own section declares a demo's.
+REFERENCE_SCALE = ("health.kl=0.0027", "health.length_limit_by_design=false")
+
+
+def test_a_demo_is_judged_against_its_own_scale(isolated) -> None:
+    """The quickstart's own numbers (KL 3.05, mean length 31 of 32) are what the tiny demo is meant to do: no hint;
+    the same numbers on a recipe at the reference run's scale get both; a demo far past its own scale still gets the
+    KL hint, naming its health.kl."""
+    rows = [{"step": s, "kl": 3.053, "response_length": 31.0} for s in range(1, 9)]
+    demo = trl_spec(isolated)
+    assert demo.recipe.health.length_limit_by_design and demo.recipe.health.kl > 0.1
+    assert monitor.health_hints(demo, rows) == []
+    at_reference = monitor.health_hints(trl_spec(isolated, *REFERENCE_SCALE), rows)
+    assert [h.split()[0] for h in at_reference] == ["KL", "mean"]
+    (far,) = monitor.health_hints(demo, [{"step": 1, "kl": 500.0}])
+    assert "far above this recipe's healthy ~3 (health.kl" in far
 
 
 @pytest.mark.parametrize("key,values", [
@@ -108,7 +126,7 @@ def test_hints_when_leaving_the_healthy_range(isolated, key, values, words) -> N
     ("response_length", [29.0, 22.0]),
 ])
 def test_no_hint_in_the_healthy_range(isolated, key, values) -> None:
-    assert monitor.health_hints(trl_spec(isolated), rows_with(key, values)) == []
+    assert monitor.health_hints(trl_spec(isolated, *REFERENCE_SCALE), rows_with(key, values)) == []
 
 
 def test_gpu_rows_and_idle_hint() -> None:
@@ -132,7 +150,7 @@ def test_status_prints_the_bar_and_hints(isolated, monkeypatch, capsys) -> None:
 
     from hpc_grpo.cli import app as cli
 
-    spec = trl_spec(isolated)
+    spec = trl_spec(isolated, "health.length_limit_by_design=false")
     from hpc_grpo.launch.render import render_all, write_files
 
     write_files(spec.path, render_all(spec))
@@ -146,6 +164,7 @@ def test_status_prints_the_bar_and_hints(isolated, monkeypatch, capsys) -> None:
     assert "Progress: [##########--------------------] 8/24 33%   1.0 s/step   ETA 0:00:16   requeues 0" in text
     assert "Latest (step 8): reward 0.1   kl 0.001   grad_norm 0.3   response_length 32" in text
     assert "hint: mean response length 32 at the limit" in " ".join(text.split())
+    assert f"what the reward means: {spec.recipe.health.reward_note}" in " ".join(text.split())
 
 
 def test_logs_follow_ends_with_the_job_and_node_is_checked(isolated, monkeypatch, capsys) -> None:

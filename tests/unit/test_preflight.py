@@ -7,6 +7,7 @@ tokenizer files, a fake Hugging Face cache laid out as huggingface_hub lays it o
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from hpc_grpo.cluster import clusterpick
 from hpc_grpo.planning import preflight
 from hpc_grpo.cluster import slurm, slurm_output
-from hpc_grpo.common.findings import Severity, error
+from hpc_grpo.common.findings import Severity, error, warning
 from hpc_grpo.planning.plan import run_plan
 from hpc_grpo.config.resolve import resolve_spec
 
@@ -165,6 +166,28 @@ def test_no_room_for_the_kept_checkpoints(isolated) -> None:
     spec = tiny_spec(isolated, "checkpoint.disk_gb=1e9")
     found = preflight.check_runs_root(spec, None, make)
     assert keys(found) == ["checkpoint.keep_last"] and "~1000000000.0 GiB" in found[0].message
+
+
+def test_the_disk_finding_names_the_filesystem_it_measured(isolated) -> None:
+    spec = tiny_spec(isolated, f"cluster.runs_root={isolated / 'runs'}", "checkpoint.disk_gb=1")
+    (f,) = [f for f in preflight.check_runs_root(spec, None, make) if f.key == "checkpoint.keep_last"]
+    mount = preflight.mount_of(isolated)
+    assert mount is not None, "this machine's mount table is unreadable"
+    assert f"{isolated} (filesystem {mount[0]}, {mount[1]}) has" in f.message
+
+
+def test_a_cluster_runs_root_this_machine_cannot_see_is_not_checked_here(isolated) -> None:
+    """A profile's runs root on the cluster's own filesystem (no folder of it exists here) is not measured against
+    this machine's `/`: one finding says so; a multi-node run's shared-folder rule still applies."""
+    root = f"/hpc-grpo-no-such-fs-{os.getpid()}/runs"
+    spec = resolve_spec("qwen2.5-7b-codegen", "a100-ib", [f"cluster.runs_root={root}"], run_name="t")
+    (f,) = preflight.check_runs_root(spec, None, make)
+    assert f.severity is Severity.INFO and f.key == "cluster.runs_root" and "not checked here" in f.message
+    two = resolve_spec("ray-probe", "a100-ib", ["resources.nodes=2", f"cluster.runs_root={root}",
+                                                "cluster.shared_paths=[/elsewhere]"], run_name="t")
+    assert keys(preflight.check_runs_root(two, None, make)) == ["cluster.runs_root"]
+    local = tiny_spec(isolated, f"cluster.runs_root={root}")  # cluster=local: this machine's `/` is where it goes
+    assert "not checked here" not in " ".join(f.message for f in preflight.check_runs_root(local, None, warning))
 
 
 def test_sizing_uses_the_shape_with_kept_plus_one(isolated) -> None:

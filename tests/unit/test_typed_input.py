@@ -108,7 +108,9 @@ def test_a_secret_in_a_recipe_passthrough_is_refused_without_echoing_it(tmp_path
 # ---------------------------------------------------------------------------------- 2. aliases
 def plan_json(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict:
     (tmp_path / "home").mkdir(exist_ok=True)
-    proc = cli("plan", "--json", "--no-schema", *args, cwd=tmp_path, env=env)
+    # A runs root this machine sees: the retention finding is the disk check's, skipped for the cluster's own
+    # /scratch (not here).
+    proc = cli("plan", "--json", "--no-schema", *args, f"cluster.runs_root={tmp_path / 'runs'}", cwd=tmp_path, env=env)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     return json.loads(proc.stdout)
 

@@ -135,6 +135,18 @@ def test_a_bad_ray_port_range_is_refused_naming_the_rule(value: str, rule: str) 
         resolve_spec("tiny-verl", "local", [f"cluster.ray_ports={value}"], run_name="t")
 
 
+def test_the_joined_line_names_gpus_only_where_there_are_gpus(isolated: Path) -> None:
+    """verl's CPU mode gives Ray one stand-in GPU per CPU worker: the job log says CPU workers, not GPUs."""
+    from hpc_grpo.launch.render import write_files
+
+    for recipe, cluster, unit in (("tiny-verl", "local", "CPU worker(s), no GPU (verl's CPU mode)"),
+                                  ("qwen2.5-3b-gsm8k-lora", "a100-ib", "GPU(s)")):
+        spec = resolve_spec(recipe, cluster, [f"cluster.runs_root={isolated}"], run_name=recipe)
+        write_files(spec.path, render_all(spec))
+        assert verl_node.gpu_unit(layout.spec_file(spec.path)) == unit
+    assert verl_node.gpu_unit(isolated / "missing" / "spec.yaml") == "GPU(s)"
+
+
 def test_local_address_is_a_loopback_other_than_127_0_0_1() -> None:
     assert resolve_spec("tiny-verl", "local", ["cluster.local_address=127.0.0.9"], run_name="t").cluster.local_address \
         == "127.0.0.9"
