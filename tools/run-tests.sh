@@ -77,7 +77,7 @@ slurm_stream() {
   run_phase slurm "${pytest[@]}" --durations=15 --junitxml="$report/slurm.xml" tests/slurm
 }
 unit_local_stream() {
-  run_phase unit "${pytest[@]}" -n 2 --dist loadgroup --durations=15 --junitxml="$report/unit.xml" tests/unit
+  run_phase unit "${pytest[@]}" -n 2 --dist loadgroup --durations=15 --junitxml="$report/unit.xml" tests/unit tests/setup
   run_phase local "${pytest[@]}" --durations=15 --junitxml="$report/local.xml" tests/local
 }
 slurm_stream > "$report/slurm.log" 2>&1 &
