@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpc_grpo.runstate import checkpoints, layout, runs
-from hpc_grpo.engines import verl_cpu, vllm_cpu
+from hpc_grpo.engines import megatron_cpu, verl_cpu, vllm_cpu
 from hpc_grpo.engines.base import EngineCommand, JobImports, Override
 from hpc_grpo.engines.verl_keys import KEY_RE, VERL_VERSION, bare_key, format_value, real_fix, real_key_for
 from hpc_grpo.common.findings import Finding, error, warning
@@ -267,8 +267,13 @@ def _megatron(spec: RunSpec) -> list[Override]:
         o.add(f"{mg}.dtype", r.model.dtype, "model.dtype")
         o.add(f"{mg}.use_mbridge", True, bridge_source(spec))
         o.add(f"{mg}.vanilla_mbridge", bridge(spec)[2], bridge_source(spec))
+    otc = f"{arr}.actor.megatron.override_transformer_config"
+    if bridge(spec)[2] and p.tp > 1:
+        # mbridge builds Megatron's config itself with sequence_parallel = (TP > 1) and takes only
+        # override_transformer_config on top: without this key the recipe's choice (and verl's megatron.*
+        # sequence_parallel above) is ignored. The reference inherits the actor's overrides (oc.select).
+        o.add(f"+{otc}.sequence_parallel", p.sequence_parallel, "parallel.sequence_parallel")
     if r.model.gradient_checkpointing:  # the actor's; the reference inherits it (oc.select) and runs forward only
-        otc = f"{arr}.actor.megatron.override_transformer_config"
         for knob, value in RECOMPUTE.items():
             o.add(f"{otc}.{knob}", value, "model.gradient_checkpointing")
     o.add(f"{arr}.actor.megatron.param_offload", r.offload.param, "offload.param")
@@ -445,6 +450,8 @@ def node_env(spec: RunSpec) -> dict[str, str]:
     env = dict(verl_cpu.ENV)
     if spec.recipe.rollout.name == "vllm":
         env.update(vllm_cpu.ENV)
+    if spec.recipe.backend == "megatron":
+        env.update(megatron_cpu.ENV)
     return env
 
 

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
+from hpc_grpo.engines import megatron_cpu
 from hpc_grpo.engines.verl_keys import VERL_VERSION  # the only verl this plugin was built and tested against
 
 PLATFORM = "hpc_grpo_cpu"
@@ -238,6 +239,8 @@ def install() -> None:
     _patch_init_process_group()
     _unpin_cpu_offload()
     _register_rollout()
+    if os.environ.get(megatron_cpu.ENABLE) == "1":  # a Megatron recipe: megatron-core's patches, on first import
+        megatron_cpu.install()
 
 
 def _installed_verl_version() -> str:
