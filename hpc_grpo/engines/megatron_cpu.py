@@ -481,6 +481,23 @@ def patch_rope(mod: types.ModuleType) -> None:
     host_torch_for(mod, "rope", ("self.inv_freq.to(device=torch.cuda.current_device())",))
 
 
+def _host_torch_patch(patch: str, needles: tuple[str, ...]) -> Callable[[types.ModuleType], None]:
+    def apply(mod: types.ModuleType) -> None:
+        host_torch_for(mod, patch, needles)
+
+    return apply
+
+
+# Megatron's dist checkpoints (verl saves and resumes through them): saving synchronizes CUDA and checks results
+# in CUDA tensors; loading exchanges shards through CUDA buffers.
+DIST_CKPT = {
+    "megatron.core.dist_checkpointing.strategies.filesystem_async": ("torch.cuda.synchronize()",),
+    "megatron.core.dist_checkpointing.strategies.fully_parallel": ("torch.cuda.synchronize()",),
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver": ("device='cuda'",),
+    "megatron.core.dist_checkpointing.exchange_utils": ('device="cuda"',),
+}
+
+
 # module -> [(patch name, function)]: each runs right after its module is first imported
 PATCHES: dict[str, list[tuple[str, Callable[[types.ModuleType], None]]]] = {
     "mbridge.core.llm_bridge": [("layer_spec", patch_layer_spec)],
@@ -499,6 +516,7 @@ PATCHES: dict[str, list[tuple[str, Callable[[types.ModuleType], None]]]] = {
     "megatron.core.tensor_parallel.layers": [("sp_layers", patch_sp_layers)],
     "megatron.core.utils": [("memory_buffer", patch_memory_buffer)],
     "megatron.core.models.common.embeddings.rotary_pos_embedding": [("rope", patch_rope)],
+    **{module: [("dist_ckpt", _host_torch_patch("dist_ckpt", needles))] for module, needles in DIST_CKPT.items()},
 }
 APPLIED: list[str] = []
 
@@ -509,10 +527,10 @@ def skipped() -> set[str]:
 
 def _apply(name: str, module: types.ModuleType) -> None:
     for patch, fn in PATCHES[name]:
-        if patch in skipped() or patch in APPLIED:
+        if patch in skipped() or f"{name}:{patch}" in APPLIED:
             continue
         fn(module)
-        APPLIED.append(patch)
+        APPLIED.append(f"{name}:{patch}")
 
 
 class _Loader(importlib.abc.Loader):
