@@ -232,8 +232,8 @@ def patch_rng(mod: types.ModuleType) -> None:
     def _set_cuda_rng_state(new_state: Any, device: int = -1, graph_safe: bool = False) -> None:
         torch.set_rng_state(new_state)
 
-    mod._get_cuda_rng_state = _get_cuda_rng_state
-    mod._set_cuda_rng_state = _set_cuda_rng_state
+    setattr(mod, "_get_cuda_rng_state", _get_cuda_rng_state)
+    setattr(mod, "_set_cuda_rng_state", _set_cuda_rng_state)
 
 
 def patch_sp_norm(mod: types.ModuleType) -> None:
@@ -341,6 +341,33 @@ def patch_distrib_optimizer(mod: types.ModuleType) -> None:
     _with_cuda_type_names(mod.DistributedOptimizer, "__init__", "distrib_optimizer")
 
 
+def patch_resume_state(mod: types.ModuleType) -> None:
+    """Without apex or TE, the distributed optimizer reads Adam's `step` from its per-parameter state, which a fresh
+    optimizer (a job resuming from a dist checkpoint) does not have yet ("assert len(steps) == 1"). Create it first
+    with megatron-core's own dummy step (what it does before loading), at learning rate and weight decay 0, so the
+    weights do not move; the checkpoint's state then replaces it."""
+    opt = mod.DistributedOptimizer
+    original = opt.state_dict
+    expect(_source_has(original, 'steps = list(set([s["step"].item() for s in inner_state_dict["state"].values()]))')
+           and hasattr(opt, "_init_optimizer_states_with_dummy_values") and hasattr(mod, "HAVE_APEX_OR_TE"),
+           "resume_state", "DistributedOptimizer.state_dict no longer reads step from the per-parameter state")
+
+    @functools.wraps(original)
+    def state_dict(self: Any) -> Any:
+        if not mod.HAVE_APEX_OR_TE and not self.optimizer.state:
+            saved = [(g.get("lr"), g.get("weight_decay")) for g in self.optimizer.param_groups]
+            for group in self.optimizer.param_groups:
+                group["lr"], group["weight_decay"] = 0.0, 0.0
+            try:
+                self._init_optimizer_states_with_dummy_values()
+            finally:
+                for group, (lr, wd) in zip(self.optimizer.param_groups, saved):
+                    group["lr"], group["weight_decay"] = lr, wd
+        return original(self)
+
+    opt.state_dict = state_dict
+
+
 def patch_clip_grads(mod: types.ModuleType) -> None:
     """Gradient norm and clipping: the norm's all-reduce buffer on 'cuda', and the pure-torch stand-in for apex's
     l2-norm kernel (megatron.core.utils.local_multi_tensor_l2_norm) returns its norm on 'cuda'."""
@@ -356,7 +383,7 @@ def patch_clip_grads(mod: types.ModuleType) -> None:
         total = torch.norm(torch.stack(norms)) if norms else torch.zeros(())
         return total.reshape(1).float(), None
 
-    mod.l2_norm_impl = local_multi_tensor_l2_norm
+    setattr(mod, "l2_norm_impl", local_multi_tensor_l2_norm)
     original = mod.clip_grad_by_total_norm_fp32
     expect(_source_has(original, "assert param.grad.type() == 'torch.cuda.FloatTensor'", "max_norm / (total_norm"),
            "clip_grads", "clip_grad_by_total_norm_fp32 changed")
@@ -375,7 +402,7 @@ def patch_clip_grads(mod: types.ModuleType) -> None:
             for grad in grads:
                 grad.mul_(coeff)
 
-    mod.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_fp32
+    setattr(mod, "clip_grad_by_total_norm_fp32", clip_grad_by_total_norm_fp32)
     rebind(original, clip_grad_by_total_norm_fp32, ("megatron.core.optimizer.optimizer",
                                                     "megatron.core.optimizer.distrib_optimizer"))
 
@@ -413,6 +440,39 @@ def host_module_cuda() -> Iterator[None]:
         torch.nn.Module.cuda = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def host_tensor_cuda() -> Iterator[None]:
+    """`tensor.cuda()` returns the host tensor itself (there is no CUDA device to move it to)."""
+    import torch
+
+    original = torch.Tensor.cuda
+
+    def cuda(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return self
+
+    torch.Tensor.cuda = cuda  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original  # type: ignore[method-assign]
+
+
+def patch_pp_embedding(mod: types.ModuleType) -> None:
+    """With pipeline stages and tied embeddings, the last stage's copy of the embedding is moved to CUDA
+    (`weight.data.cuda()`) before the first/last-stage all-reduce that makes both copies equal."""
+    module = mod.LanguageModule
+    original = module.setup_embeddings_and_output_layer
+    expect(_source_has(original, "weight.data = weight.data.cuda()"), "pp_embedding",
+           "LanguageModule.setup_embeddings_and_output_layer no longer moves the shared embedding with .cuda()")
+
+    @functools.wraps(original)
+    def setup_embeddings_and_output_layer(self: Any) -> None:
+        with host_tensor_cuda():
+            original(self)
+
+    module.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer
+
+
 def patch_get_model(mod: types.ModuleType) -> None:
     """mbridge's get_model moves each built module to torch.cuda.current_device(): on CPU it stays on the host."""
     host_torch_for(mod, "get_model", ("model_module.cuda(torch.cuda.current_device())",))
@@ -423,13 +483,8 @@ def patch_get_model(mod: types.ModuleType) -> None:
         with host_module_cuda():
             return original(*args, **kwargs)
 
-    mod.get_model = get_model
+    setattr(mod, "get_model", get_model)
     rebind(original, get_model, ("mbridge.core.bridge",))
-
-
-def patch_bridge_device(mod: types.ModuleType) -> None:
-    """mbridge's weight export moves each tensor to torch.cuda.current_device() before converting it."""
-    host_torch_for(mod, "bridge_device", (".to(torch.cuda.current_device())",))
 
 
 def patch_schedules(mod: types.ModuleType) -> None:
@@ -501,13 +556,14 @@ DIST_CKPT = {
 # module -> [(patch name, function)]: each runs right after its module is first imported
 PATCHES: dict[str, list[tuple[str, Callable[[types.ModuleType], None]]]] = {
     "mbridge.core.llm_bridge": [("layer_spec", patch_layer_spec)],
-    "mbridge.core.bridge": [("norm_names", patch_norm_names), ("bridge_device", patch_bridge_device)],
+    "mbridge.core.bridge": [("norm_names", patch_norm_names)],
     "mbridge.core.util": [("get_model", patch_get_model)],
     "megatron.core.tensor_parallel.random": [("rng", patch_rng)],
     "megatron.core.transformer.torch_norm": [("sp_norm", patch_sp_norm)],
     "megatron.core.transformer.dot_product_attention": [("attention_mask", patch_attention_mask)],
     "megatron.core.optimizer.optimizer": [("optimizer", patch_optimizer)],
-    "megatron.core.optimizer.distrib_optimizer": [("distrib_optimizer", patch_distrib_optimizer)],
+    "megatron.core.optimizer.distrib_optimizer": [("distrib_optimizer", patch_distrib_optimizer),
+                                                  ("resume_state", patch_resume_state)],
     "megatron.core.optimizer.clip_grads": [("clip_grads", patch_clip_grads)],
     "megatron.core.distributed.param_and_grad_buffer": [("grad_buffer", patch_grad_buffer)],
     "megatron.core.pipeline_parallel.schedules": [("schedules", patch_schedules)],
@@ -516,6 +572,7 @@ PATCHES: dict[str, list[tuple[str, Callable[[types.ModuleType], None]]]] = {
     "megatron.core.tensor_parallel.layers": [("sp_layers", patch_sp_layers)],
     "megatron.core.utils": [("memory_buffer", patch_memory_buffer)],
     "megatron.core.models.common.embeddings.rotary_pos_embedding": [("rope", patch_rope)],
+    "megatron.core.models.common.language_module.language_module": [("pp_embedding", patch_pp_embedding)],
     **{module: [("dist_ckpt", _host_torch_patch("dist_ckpt", needles))] for module, needles in DIST_CKPT.items()},
 }
 APPLIED: list[str] = []
@@ -531,6 +588,19 @@ def _apply(name: str, module: types.ModuleType) -> None:
             continue
         fn(module)
         APPLIED.append(f"{name}:{patch}")
+
+
+def apply_named(patch: str) -> None:
+    """Apply one patch by name to its (already imported) module(s): for tests that show each one is needed."""
+    found = False
+    for name, entries in PATCHES.items():
+        for entry, fn in entries:
+            if entry == patch and name in sys.modules and f"{name}:{patch}" not in APPLIED:
+                fn(sys.modules[name])
+                APPLIED.append(f"{name}:{patch}")
+                found = True
+    if not found:
+        raise KeyError(f"no imported module has the patch {patch!r}")
 
 
 class _Loader(importlib.abc.Loader):

@@ -27,8 +27,8 @@ def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300] + f" @ {where}"
 
 
-def step(results: dict[str, Any], name: str, modules: list[str], call: Any, check: Any = None) -> Any:
-    """Run `call` unpatched (it must fail), patch `modules`, run it again (it must work); `check` judges the result."""
+def step(results: dict[str, Any], name: str, patches: list[str], call: Any, check: Any = None) -> Any:
+    """Run `call` unpatched (it must fail), apply `patches`, run it again (it must work); `check` judges the result."""
     from hpc_grpo.engines import megatron_cpu
 
     out: dict[str, Any] = {}
@@ -37,8 +37,8 @@ def step(results: dict[str, Any], name: str, modules: list[str], call: Any, chec
         out["without"] = None if check is None else check(got, False)
     except Exception as exc:  # noqa: BLE001 - the failure is the evidence
         out["without"] = _err(exc)
-    for module in modules:
-        megatron_cpu._apply(module, sys.modules[module])
+    for patch in patches:
+        megatron_cpu.apply_named(patch)
     try:
         got = call()
         out["with"] = "ok" if check is None else (check(got, True) or "ok")
@@ -88,7 +88,7 @@ def run(rank: int, model_dir: str, results: dict[str, Any]) -> None:
 
     from hpc_grpo.engines.verl import CPU_MEGATRON_OVERRIDES
 
-    step(results, "rng", ["megatron.core.tensor_parallel.random"],
+    step(results, "rng", ["rng"],
          lambda: tensor_parallel.model_parallel_cuda_manual_seed(42))
 
     def forked_draws(_: Any, patched: bool) -> str | None:
@@ -108,24 +108,24 @@ def run(rank: int, model_dir: str, results: dict[str, Any]) -> None:
     extra = {k.rsplit(".", 1)[1]: v for k, v in CPU_MEGATRON_OVERRIDES.items() if "override_transformer_config" in k}
     bridge.set_extra_args(**extra, sequence_parallel=True)
 
-    step(results, "layer_spec", ["mbridge.core.llm_bridge"], lambda: bridge._get_transformer_layer_spec(None))
-    step(results, "sp_norm", ["megatron.core.transformer.torch_norm"],
+    step(results, "layer_spec", ["layer_spec"], lambda: bridge._get_transformer_layer_spec(None))
+    step(results, "sp_norm", ["sp_norm"],
          lambda: megatron.core.transformer.torch_norm.WrappedTorchNorm(bridge.config, 64),
          lambda norm, _: None if all(getattr(p, "sequence_parallel", False) for p in norm.parameters())
          else "norm parameters not marked sequence_parallel")
 
-    bare = step(results, "get_model", ["mbridge.core.util"],
+    bare = step(results, "get_model", ["get_model"],
                 lambda: bridge.get_model(wrap_with_ddp=False, fp16=False, bf16=False))
     if bare is None:
         return
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True)
-    model = step(results, "grad_buffer", ["megatron.core.distributed.param_and_grad_buffer"],
+    model = step(results, "grad_buffer", ["grad_buffer"],
                  lambda: [DistributedDataParallel(bridge.config, ddp, bare[0])])
     if model is None:
         return
-    step(results, "norm_names", ["mbridge.core.bridge"], lambda: bridge.load_weights(model, model_dir))
+    step(results, "norm_names", ["norm_names"], lambda: bridge.load_weights(model, model_dir))
 
     # the padded bshd batch verl builds: right padding, a (batch, seq) mask of real tokens
     hf = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
@@ -148,20 +148,27 @@ def run(rank: int, model_dir: str, results: dict[str, Any]) -> None:
         return None if err < 1e-3 else f"logits differ from transformers' by {err:.3g}"
 
     # sequence parallel gathers and scatters through these: the first forward needs them too
-    step(results, "sp_mappings", ["megatron.core.tensor_parallel.mappings"], megatron_logits)
-    step(results, "rope", ["megatron.core.models.common.embeddings.rotary_pos_embedding"], megatron_logits)
-    step(results, "memory_buffer", ["megatron.core.utils"], megatron_logits)
-    step(results, "attention_mask", ["megatron.core.transformer.dot_product_attention"], megatron_logits, same_logits)
+    step(results, "sp_mappings", ["sp_mappings"], megatron_logits)
+    step(results, "rope", ["rope"], megatron_logits)
+    step(results, "memory_buffer", ["memory_buffer"], megatron_logits)
+    step(results, "attention_mask", ["attention_mask"], megatron_logits, same_logits)
 
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     config = OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True, clip_grad=1.0, bf16=False)
-    optimizer = step(results, "optimizers", ["megatron.core.optimizer.optimizer",
-                                             "megatron.core.optimizer.distrib_optimizer"],
+    optimizer = step(results, "optimizers", ["optimizer", "distrib_optimizer"],
                      lambda: get_megatron_optimizer(config, model))
     if optimizer is None:
         return
+    # a job resuming from a dist checkpoint asks a fresh optimizer for its state dict before loading
+    fresh = [p.detach().clone() for p in model[0].parameters()]
+    step(results, "resume_state", ["resume_state"], lambda: optimizer.state_dict(),
+         lambda sd, patched: None if not patched or all(torch.equal(a, p) for a, p in zip(fresh, model[0].parameters()))
+         else "the weights moved")
+    from megatron.core.distributed import finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    model[0].config.finalize_model_grads_func = finalize_model_grads  # as verl's training hooks set it
 
     def loss_step() -> Any:
         def forward_step(_: Any, module: Any) -> Any:
@@ -175,14 +182,14 @@ def run(rank: int, model_dir: str, results: dict[str, Any]) -> None:
                                     num_microbatches=1, seq_length=8, micro_batch_size=2, forward_only=False)
         return optimizer.step()
 
-    step(results, "schedules", ["megatron.core.pipeline_parallel.schedules"], lambda: get_forward_backward_func()(
+    step(results, "schedules", ["schedules"], lambda: get_forward_backward_func()(
         forward_step_func=lambda _, m: (m(input_ids=ids, position_ids=torch.arange(8).expand(2, 8),
                                           attention_mask=valid), lambda o: (o.float().mean(), {})),
         data_iterator=iter([None]), model=model, num_microbatches=1, seq_length=8, micro_batch_size=2,
         forward_only=True))
     before = [p.detach().clone() for p in model[0].parameters()]
-    step(results, "sp_layers", ["megatron.core.tensor_parallel.layers"], loss_step)
-    stepped = step(results, "clip_grads", ["megatron.core.optimizer.clip_grads"], loss_step)
+    step(results, "sp_layers", ["sp_layers"], loss_step)
+    stepped = step(results, "clip_grads", ["clip_grads"], loss_step)
     moved = sum((a - p.detach()).abs().sum().item() for a, p in zip(before, model[0].parameters()))
     results["clip_grads"]["update"] = {"ok": bool(stepped and stepped[0]), "grad_norm": stepped[1] if stepped else None,
                                        "moved": moved}
@@ -192,8 +199,8 @@ def run(rank: int, model_dir: str, results: dict[str, Any]) -> None:
     torch.distributed.all_gather(others, norm)
     results["sp_norm"]["same_on_tp_ranks"] = all(torch.equal(others[0], o) for o in others)
 
-    names = {name for name, _ in bridge.export_weights(model)}
-    results["norm_names"]["exported"] = sorted(n for n in names if "layernorm" in n)
+    exported = dict(bridge.export_weights(model))  # what verl sends to vLLM and writes as Hugging Face weights
+    results["norm_names"]["exported"] = sorted(n for n in exported if "layernorm" in n)
 
 
 if __name__ == "__main__":

@@ -106,6 +106,7 @@ NEEDED = {
     "optimizers": "megatron/core/optimizer/optimizer.py",
     "schedules": "megatron/core/pipeline_parallel/schedules.py",
     "sp_layers": "megatron/core/tensor_parallel/layers.py",
+    "resume_state": "megatron/core/optimizer/distrib_optimizer.py",
     "clip_grads": "megatron/core/optimizer/clip_grads.py",
 }
 
@@ -138,7 +139,8 @@ def test_each_patch_is_needed_and_works(probed: list[dict], name: str) -> None:
         got = rank["steps"][name]
         assert got["without"] and f"@ {NEEDED[name]}:" in got["without"], got
         assert got["with"] == "ok" or f"@ {NEEDED[name]}:" not in got["with"], got
-    if name in ("attention_mask", "clip_grads", "optimizers", "get_model", "norm_names", "rng", "sp_norm"):
+    if name in ("attention_mask", "clip_grads", "optimizers", "get_model", "norm_names", "rng", "sp_norm",
+                "resume_state"):
         assert all(rank["steps"][name]["with"] == "ok" for rank in probed)
 
 
