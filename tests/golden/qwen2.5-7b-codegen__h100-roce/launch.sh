@@ -74,6 +74,7 @@ driver=(
   actor_rollout_ref.ref.megatron.dtype=bfloat16
   actor_rollout_ref.ref.megatron.use_mbridge=True
   actor_rollout_ref.ref.megatron.vanilla_mbridge=True
+  +actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel=True
   actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full
   actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform
   actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1

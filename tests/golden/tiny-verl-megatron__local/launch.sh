@@ -14,6 +14,7 @@ set -euo pipefail
 # Every in-job Python step (Ray's CLI, the join wait, the driver) runs this interpreter, frozen in spec.yaml.
 python={python}
 # verl's CPU mode: its plugin, loaded by verl in every process Ray starts (hpc_grpo.engines.verl_cpu)
+export HPC_GRPO_MEGATRON_CPU=1
 export HPC_GRPO_VLLM_CPU=1
 export OMP_NUM_THREADS=1
 export RAY_DEDUP_LOGS=0
@@ -51,7 +52,7 @@ driver=(
   actor_rollout_ref.model.path=/home/user/.cache/hpc-grpo/tiny-qwen2
   actor_rollout_ref.model.use_remove_padding=False
   actor_rollout_ref.model.trust_remote_code=False
-  actor_rollout_ref.actor.optim.lr=0.002
+  actor_rollout_ref.actor.optim.lr=0.01
   actor_rollout_ref.actor.ppo_mini_batch_size=8
   actor_rollout_ref.actor.use_dynamic_bsz=False
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
@@ -85,6 +86,7 @@ driver=(
   actor_rollout_ref.ref.megatron.dtype=bfloat16
   actor_rollout_ref.ref.megatron.use_mbridge=True
   actor_rollout_ref.ref.megatron.vanilla_mbridge=True
+  +actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel=False
   actor_rollout_ref.actor.megatron.param_offload=False
   actor_rollout_ref.actor.megatron.optimizer_offload=False
   actor_rollout_ref.ref.megatron.param_offload=False
