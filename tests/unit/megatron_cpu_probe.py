@@ -56,13 +56,13 @@ def rank_main(rank: int, model_dir: str, out_dir: str, port: int) -> None:
     torch.distributed.init_process_group("gloo", rank=rank, world_size=TP)
     results: dict[str, Any] = {}
     try:
-        run(rank, model_dir, results)
+        run(rank, model_dir, results, out_dir)
     except Exception:  # noqa: BLE001 - reported, and the test fails on the missing steps
         results["_crash"] = traceback.format_exc()[-3000:]
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"rank": rank, "steps": results}))
 
 
-def run(rank: int, model_dir: str, results: dict[str, Any]) -> None:
+def run(rank: int, model_dir: str, results: dict[str, Any], out_dir: str) -> None:
     import torch
     from megatron.core import parallel_state as mpu
     from megatron.core import tensor_parallel
@@ -199,6 +199,28 @@ def run(rank: int, model_dir: str, results: dict[str, Any]) -> None:
     torch.distributed.all_gather(others, norm)
     results["sp_norm"]["same_on_tp_ranks"] = all(torch.equal(others[0], o) for o in others)
 
+    # Megatron's dist checkpoint through verl's own save/load functions (what verl writes at each save_freq)
+    import megatron.core.dist_checkpointing.strategies.filesystem_async  # noqa: F401
+    from verl.utils.megatron.dist_checkpointing import load_dist_checkpointing, save_dist_checkpointing
+
+    tries = iter(range(10))
+
+    def save_and_load() -> Any:
+        folder = Path(out_dir, f"dist_ckpt_{next(tries)}")
+        if rank == 0:
+            folder.mkdir()
+        torch.distributed.barrier()
+        save_dist_checkpointing(model[0].sharded_state_dict(), str(folder))
+        torch.distributed.barrier()
+        return load_dist_checkpointing(model[0].sharded_state_dict(), str(folder))
+
+    def same_weights(loaded: Any, _: bool) -> str | None:
+        mine = model[0].sharded_state_dict()
+        bad = [k for k, v in loaded.items() if hasattr(v, "shape") and k in mine
+               and not torch.equal(v, mine[k].data)]
+        return None if not bad and loaded else f"loaded weights differ: {bad[:3]}"
+
+    step(results, "dist_ckpt", ["dist_ckpt"], save_and_load, same_weights)
     exported = dict(bridge.export_weights(model))  # what verl sends to vLLM and writes as Hugging Face weights
     results["norm_names"]["exported"] = sorted(n for n in exported if "layernorm" in n)
 

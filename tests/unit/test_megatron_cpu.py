@@ -108,6 +108,7 @@ NEEDED = {
     "sp_layers": "megatron/core/tensor_parallel/layers.py",
     "resume_state": "megatron/core/optimizer/distrib_optimizer.py",
     "clip_grads": "megatron/core/optimizer/clip_grads.py",
+    "dist_ckpt": "megatron/core/dist_checkpointing/strategies/filesystem_async.py",  # verl's save, then its load
 }
 
 
@@ -140,7 +141,7 @@ def test_each_patch_is_needed_and_works(probed: list[dict], name: str) -> None:
         assert got["without"] and f"@ {NEEDED[name]}:" in got["without"], got
         assert got["with"] == "ok" or f"@ {NEEDED[name]}:" not in got["with"], got
     if name in ("attention_mask", "clip_grads", "optimizers", "get_model", "norm_names", "rng", "sp_norm",
-                "resume_state"):
+                "resume_state", "dist_ckpt"):
         assert all(rank["steps"][name]["with"] == "ok" for rank in probed)
 
 
