@@ -194,6 +194,8 @@ def shrink(spec: RunSpec, inputs: ShrinkInputs) -> Shrink:
         ("train.total_training_steps", FIRST_STEPS, f"job 1 trains step 1; the resumed job trains to {RESUMED_STEPS}"),
         ("checkpoint.save_freq", 1, "a checkpoint at every step"),
     ]
+    if inputs.vllm and r.parallel.rollout_tp != 1:
+        want.append(("parallel.rollout_tp", 1, "vLLM's CPU build runs one engine per training process"))
     if r.data.train_rows is not None:
         want.append(("data.train_rows", None, "the row count of the sampled file"))
     if r.resources.mem_gb is not None:

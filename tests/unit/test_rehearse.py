@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -117,7 +118,10 @@ def test_a_megatron_recipe_keeps_its_layout_and_drops_what_cpu_cannot_run(tmp_pa
     fusion = "passthrough.+actor_rollout_ref.actor.megatron.override_transformer_config.masked_softmax_fusion"
     assert replaced[fusion][:2] == (True, False)
     assert {"parallel.tp", "parallel.sequence_parallel", "grpo.reward", "backend"} <= set(sh.kept)
-    shrunk = spec_of(tmp_path, *sh.overrides, recipe="qwen2.5-7b-codegen")
+    assert "parallel.rollout_tp" not in replaced  # the HF server samples: any rollout TP plans
+    with_vllm = R.shrink(spec, dataclasses.replace(INPUTS, vllm=True))
+    assert {c.key: c.now for c in with_vllm.replaced}["parallel.rollout_tp"] == 1  # vLLM's CPU build: one engine each
+    shrunk = spec_of(tmp_path, *with_vllm.overrides, recipe="qwen2.5-7b-codegen")
     assert shrunk.verl_cpu and shrunk.world_size == 2 and shrunk.recipe.parallel.sequence_parallel
     lay = layout_of(shrunk)
     errors = [f for f in (*check_verl_cpu(shrunk), *check_layout(shrunk, lay, None), *check_batches(shrunk, lay))
