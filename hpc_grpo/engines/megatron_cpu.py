@@ -232,8 +232,8 @@ def patch_rng(mod: types.ModuleType) -> None:
     def _set_cuda_rng_state(new_state: Any, device: int = -1, graph_safe: bool = False) -> None:
         torch.set_rng_state(new_state)
 
-    setattr(mod, "_get_cuda_rng_state", _get_cuda_rng_state)
-    setattr(mod, "_set_cuda_rng_state", _set_cuda_rng_state)
+    mod._get_cuda_rng_state = _get_cuda_rng_state  # type: ignore[attr-defined]
+    mod._set_cuda_rng_state = _set_cuda_rng_state  # type: ignore[attr-defined]
 
 
 def patch_sp_norm(mod: types.ModuleType) -> None:
@@ -383,7 +383,7 @@ def patch_clip_grads(mod: types.ModuleType) -> None:
         total = torch.norm(torch.stack(norms)) if norms else torch.zeros(())
         return total.reshape(1).float(), None
 
-    setattr(mod, "l2_norm_impl", local_multi_tensor_l2_norm)
+    mod.l2_norm_impl = local_multi_tensor_l2_norm  # type: ignore[attr-defined]
     original = mod.clip_grad_by_total_norm_fp32
     expect(_source_has(original, "assert param.grad.type() == 'torch.cuda.FloatTensor'", "max_norm / (total_norm"),
            "clip_grads", "clip_grad_by_total_norm_fp32 changed")
@@ -402,7 +402,7 @@ def patch_clip_grads(mod: types.ModuleType) -> None:
             for grad in grads:
                 grad.mul_(coeff)
 
-    setattr(mod, "clip_grad_by_total_norm_fp32", clip_grad_by_total_norm_fp32)
+    mod.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_fp32  # type: ignore[attr-defined]
     rebind(original, clip_grad_by_total_norm_fp32, ("megatron.core.optimizer.optimizer",
                                                     "megatron.core.optimizer.distrib_optimizer"))
 
@@ -483,7 +483,7 @@ def patch_get_model(mod: types.ModuleType) -> None:
         with host_module_cuda():
             return original(*args, **kwargs)
 
-    setattr(mod, "get_model", get_model)
+    mod.get_model = get_model  # type: ignore[attr-defined]
     rebind(original, get_model, ("mbridge.core.bridge",))
 
 

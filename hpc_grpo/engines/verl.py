@@ -484,8 +484,12 @@ class VerlEngine:
                 "not the Hugging Face weights'")
 
     def command(self, spec: RunSpec) -> EngineCommand:
-        overrides = [f"{o.key}={format_value(o.value)}" for o in modelled_overrides(spec)]
-        overrides += [f"{k}={format_value(v)}" for k, v in spec.recipe.passthrough.items()]
+        modelled = modelled_overrides(spec)
+        overrides = [f"{o.key}={format_value(o.value)}" for o in modelled]
+        # a passthrough key hpc-grpo sets itself can only hold the same value (check refuses another): Hydra refuses
+        # a key given twice with '+' ("Could not append to config"), so it is rendered once
+        owned = {bare_key(o.key) for o in modelled}
+        overrides += [f"{k}={format_value(v)}" for k, v in spec.recipe.passthrough.items() if bare_key(k) not in owned]
         name = config_name(spec)
         return EngineCommand(
             argv=[spec.python, *ENTRY, "--config-name", name, *overrides],

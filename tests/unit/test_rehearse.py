@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo.commands import rehearse as R
+from hpc_grpo.engines.verl import VerlEngine
 from hpc_grpo.engines.verl_checks import check_batches, check_layout, check_verl_cpu
 from hpc_grpo.config.layout import layout_of
 from hpc_grpo.planning.resources import check_resources
@@ -123,6 +124,8 @@ def test_a_megatron_recipe_keeps_its_layout_and_drops_what_cpu_cannot_run(tmp_pa
     assert {c.key: c.now for c in with_vllm.replaced}["parallel.rollout_tp"] == 1  # vLLM's CPU build: one engine each
     shrunk = spec_of(tmp_path, *with_vllm.overrides, recipe="qwen2.5-7b-codegen")
     assert shrunk.verl_cpu and shrunk.world_size == 2 and shrunk.recipe.parallel.sequence_parallel
+    keys = [o.split("=", 1)[0].lstrip("+") for o in VerlEngine().command(shrunk).overrides]
+    assert len(keys) == len(set(keys)), "a key twice: Hydra refuses a second '+' key"  # the fusion passthroughs
     lay = layout_of(shrunk)
     errors = [f for f in (*check_verl_cpu(shrunk), *check_layout(shrunk, lay, None), *check_batches(shrunk, lay))
               if f.severity.name == "ERROR"]
