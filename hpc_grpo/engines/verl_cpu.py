@@ -13,7 +13,9 @@ What it does, using the pinned verl's extension points only (no installed file i
 - replaces FSDP2's pinned CPU offload policy with an unpinned one (verl's reference model asks for pinning, which
   needs an accelerator: without this no full-weight run with a KL loss starts on CPU);
 - registers the HF-sampling rollout server (`actor_rollout_ref.rollout.name=hf`, hpc_grpo.engines.verl_hf_rollout)
-  in verl's two rollout registries.
+  in verl's two rollout registries;
+- for Megatron recipes (the launch sets hpc_grpo.engines.megatron_cpu.ENABLE), hooks megatron-core's and mbridge's
+  runtime patches, which run only when those modules are first imported (verl's training workers).
 
 Imported by verl's own `__init__` in every process (the driver, the TaskRunner, every worker): keep it cheap and
 free of side effects beyond the registrations. Nothing here runs on the path of render, plan, status or prune.
