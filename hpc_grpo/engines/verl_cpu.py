@@ -13,7 +13,9 @@ What it does, using the pinned verl's extension points only (no installed file i
 - replaces FSDP2's pinned CPU offload policy with an unpinned one (verl's reference model asks for pinning, which
   needs an accelerator: without this no full-weight run with a KL loss starts on CPU);
 - registers the HF-sampling rollout server (`actor_rollout_ref.rollout.name=hf`, hpc_grpo.engines.verl_hf_rollout)
-  in verl's two rollout registries.
+  in verl's two rollout registries;
+- for Megatron recipes (the launch sets hpc_grpo.engines.megatron_cpu.ENABLE), hooks megatron-core's and mbridge's
+  runtime patches, which run only when those modules are first imported (verl's training workers).
 
 Imported by verl's own `__init__` in every process (the driver, the TaskRunner, every worker): keep it cheap and
 free of side effects beyond the registrations. Nothing here runs on the path of render, plan, status or prune.
@@ -27,6 +29,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from hpc_grpo.config.verl_keys import VERL_VERSION  # the only verl this plugin was built and tested against
+from hpc_grpo.engines import megatron_cpu
 
 PLATFORM = "hpc_grpo_cpu"
 ROLLOUT = "hf"
@@ -238,6 +241,8 @@ def install() -> None:
     _patch_init_process_group()
     _unpin_cpu_offload()
     _register_rollout()
+    if os.environ.get(megatron_cpu.ENABLE) == "1":  # a Megatron recipe: megatron-core's patches, on first import
+        megatron_cpu.install()
 
 
 def _installed_verl_version() -> str:

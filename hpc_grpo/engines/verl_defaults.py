@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.config.spec import RunSpec
-from hpc_grpo.engines.verl import CPU_MODE, CPU_VLLM_MODE, VerlEngine, modelled_overrides
+from hpc_grpo.engines.verl import CPU_SOURCES, VerlEngine, modelled_overrides
 from hpc_grpo.config.verl_keys import bare_key
 
 MISSING = "???"  # OmegaConf's mark for a value verl requires and does not default
@@ -109,7 +109,7 @@ def _typed_on_command_line(spec: RunSpec, key: str) -> str | None:
 def why(spec: RunSpec, source: str) -> str:
     """What an Override's source means for this run: the recipe key and where its value came from, the cluster
     profile, or hpc-grpo itself."""
-    if source in (CPU_MODE, CPU_VLLM_MODE):
+    if source in CPU_SOURCES:
         return f"hpc-grpo CPU mode ({source.removeprefix('engine: ')})"
     if source == "engine" or source.startswith("engine:"):
         return "hpc-grpo engine" + (f" ({source.removeprefix('engine:').strip()})" if ":" in source else "")

@@ -62,8 +62,6 @@ MAX_FILES_PER_KEY = 20
 GOLDEN_SET: dict[tuple[str, str], str] = {
     ("qwen2.5-3b-gsm8k-lora", "a100-ib"): "verl FSDP + LoRA + vLLM on GPUs; setup modules and venv, InfiniBand NCCL "
                                           "env, --gpus-per-node with a GPU type",
-    ("qwen2.5-3b-gsm8k-lora", "h100-efa"): "the same recipe with a conda setup and EFA's libfabric env (72b on "
-                                           "h100-efa pins these too: the pair to drop when a new recipe needs room)",
     ("qwen2.5-3b-gsm8k-lora", "h100-roce"): "the same recipe in a container: pyxis srun options, mounts, python3 of "
                                             "the image, requeue asked by the batch script, --gres, a qos",
     ("qwen2.5-72b-megatron", "h100-efa"): "verl Megatron dense, multi-node (4 x 8): TP x PP, sequence parallel, "
@@ -73,6 +71,8 @@ GOLDEN_SET: dict[tuple[str, str], str] = {
     ("qwen3-30b-a3b-moe", "h100-roce"): "verl Megatron MoE (EP, ETP) over 2 nodes in a container with --gres",
     ("ray-probe", "slurm-dev"): "a custom driver (launch.driver: no resume overrides), 2 nodes on slurm-dev, "
                                 "eval disabled (no eval script)",
+    ("tiny-verl-megatron", "local"): "verl Megatron's CPU mode on cluster=local: mbridge keys, bshd, local attention, "
+                                     "host init and the fusions off, TP 2 on stand-in GPUs",
     ("tiny-verl", "local"): "verl's CPU mode (node env, stand-in GPUs) on cluster=local: local Ray address, "
                             "no requeue line, no eval script",
     ("tiny-verl-math", "slurm-dev"): "verl's CPU mode as a Slurm CPU job with the MATH reward and its eval job "

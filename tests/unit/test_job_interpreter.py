@@ -122,6 +122,37 @@ def test_a_venv_without_verl_is_refused_naming_interpreter_module_and_fix(tmp_pa
     assert w.severity is Severity.WARNING and w.message == f.message
 
 
+def stub_verl_venv(folder: Path) -> Path:
+    """A venv-shaped folder whose python has the job's modules as empty stubs (ray, verl's trainer, vllm) and this
+    checkout (hpc_grpo), but no Megatron bridge: what an install of verl without hpc-grpo's extras looks like."""
+    python, _ = counting_python(folder)
+    stubs = folder / "stubs"
+    for module in ("ray", "vllm", "verl.trainer.main_ppo"):
+        path = stubs.joinpath(*module.split("."))
+        path.mkdir(parents=True)
+        (path / "__init__.py").write_text("")
+    python.write_text(f"#!/bin/sh\nexport PYTHONPATH={stubs}:{REPO}\nexec {sys.base_prefix}/bin/python3 \"$@\"\n")
+    return python
+
+
+def test_a_megatron_job_without_its_bridge_is_refused_naming_it(tmp_path: Path) -> None:
+    """verl's Megatron engine imports its bridge at init, after the queue: preflight imports it first."""
+    python = stub_verl_venv(tmp_path / "v")
+    spec = resolve_spec("tiny-verl-megatron", "local", [f"cluster.setup.venv={tmp_path / 'v'}"], run_name="t")
+    assert spec.python == str(python) and "mbridge" in job_imports(spec).modules
+    (f,) = interpreter.check_interpreter(spec, error)
+    assert f.severity is Severity.ERROR and "cannot import mbridge (module 'mbridge' is missing)" in f.message, f
+    assert "mbridge==0.15.1" in f.fix and TINY_VERL_SETUP in f.fix
+    fsdp = resolve_spec("tiny-verl", "local", [f"cluster.setup.venv={tmp_path / 'v'}"], run_name="t")
+    assert "mbridge" not in job_imports(fsdp).modules  # the same interpreter runs a FSDP job
+    (ok,) = interpreter.check_interpreter(fsdp, error)
+    assert ok.severity is Severity.INFO, ok
+    gpu = job_imports(resolve_spec("qwen2.5-7b-codegen", "a100-ib", run_name="t"))
+    assert "mbridge" in gpu.modules and "mbridge==0.15.1" in gpu.fix and "hpc-grpo[train-verl-vllm]" in gpu.fix
+    lora = job_imports(resolve_spec("qwen2.5-7b-codegen", "a100-ib", ["lora.rank=8"], run_name="t"))
+    assert "megatron.bridge" in lora.modules and "megatron-bridge" in lora.fix  # verl's Megatron LoRA needs it
+
+
 class StdlibEngine:
     """An engine whose job needs only the standard library: any python3 runs it."""
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from hpc_grpo.commands import rehearse as R
+from hpc_grpo.engines.verl import VerlEngine
 from hpc_grpo.engines.verl_checks import check_batches, check_layout, check_verl_cpu
 from hpc_grpo.config.layout import layout_of
 from hpc_grpo.planning.resources import check_resources
@@ -104,8 +106,33 @@ def test_dynamic_batch_gets_a_token_budget_for_the_short_lengths(tmp_path: Path)
     assert {c.key: c.now for c in sh.replaced}["batch.max_token_len_per_gpu"] == 256 + 16
 
 
+def test_a_megatron_recipe_keeps_its_layout_and_drops_what_cpu_cannot_run(tmp_path: Path) -> None:
+    """The headline recipe: its TP 2 + sequence parallel stay (one CPU worker per rank); offload, dynamic batches
+    and the fused kernels its passthrough turns on are replaced, each with the reason; the shrunk spec plans clean."""
+    spec = spec_of(tmp_path, recipe="qwen2.5-7b-codegen")
+    sh = R.shrink(spec, INPUTS)
+    replaced = {c.key: (c.was, c.now, c.why) for c in sh.replaced}
+    assert replaced["resources.cpu_workers_per_node"][1] == 2 and "TP 2 x PP 1" in replaced[
+        "resources.cpu_workers_per_node"][2]
+    for key in ("offload.param", "offload.optimizer", "offload.ref_param", "batch.dynamic_bsz"):
+        assert replaced[key][:2] == (True, False) and "Megatron on CPU" in replaced[key][2], key
+    fusion = "passthrough.+actor_rollout_ref.actor.megatron.override_transformer_config.masked_softmax_fusion"
+    assert replaced[fusion][:2] == (True, False)
+    assert {"parallel.tp", "parallel.sequence_parallel", "grpo.reward", "backend"} <= set(sh.kept)
+    assert "parallel.rollout_tp" not in replaced  # the HF server samples: any rollout TP plans
+    with_vllm = R.shrink(spec, dataclasses.replace(INPUTS, vllm=True))
+    assert {c.key: c.now for c in with_vllm.replaced}["parallel.rollout_tp"] == 1  # vLLM's CPU build: one engine each
+    shrunk = spec_of(tmp_path, *with_vllm.overrides, recipe="qwen2.5-7b-codegen")
+    assert shrunk.verl_cpu and shrunk.world_size == 2 and shrunk.recipe.parallel.sequence_parallel
+    keys = [o.split("=", 1)[0].lstrip("+") for o in VerlEngine().command(shrunk).overrides]
+    assert len(keys) == len(set(keys)), "a key twice: Hydra refuses a second '+' key"  # the fusion passthroughs
+    lay = layout_of(shrunk)
+    errors = [f for f in (*check_verl_cpu(shrunk), *check_layout(shrunk, lay, None), *check_batches(shrunk, lay))
+              if f.severity.name == "ERROR"]
+    assert not errors, errors
+
+
 @pytest.mark.parametrize(("recipe", "key", "words"), [
-    ("qwen2.5-72b-megatron", "backend", "FSDP only"),
     ("tiny-gsm8k", "engine", "trl"),
 ])
 def test_unrehearsable_recipes_are_input_errors(tmp_path: Path, recipe: str, key: str, words: str) -> None:

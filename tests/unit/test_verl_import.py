@@ -56,11 +56,15 @@ def test_plan_on_the_imported_recipe_composes_to_the_script_but_for_what_it_list
     assert _differs(theirs, ours) == listed
     # what the import may change is what hpc-grpo owns: paths in the run directory, its loggers, vLLM's length
     # (and the reference's log-prob micro batch: one recipe key, batch.log_prob_micro_per_gpu, sets the rollout's and
-    # the reference's, where a script may set only the rollout's)
+    # the reference's, where a script may set only the rollout's), and Megatron's bridge (hpc-grpo installs mbridge:
+    # vanilla_mbridge, and mbridge's own sequence-parallel key)
     owned = ("trainer.default_local_dir", "trainer.logger", "ray_kwargs.ray_init.runtime_env.env_vars.",
              "actor_rollout_ref.rollout.max_model_len", "data.train_files", "data.val_files",
-             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu")
-    assert all(p.startswith(owned) for p in listed), listed
+             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+             "actor_rollout_ref.actor.megatron.vanilla_mbridge", "actor_rollout_ref.ref.megatron.vanilla_mbridge",
+             "actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel",
+             "actor_rollout_ref.ref.megatron.override_transformer_config.sequence_parallel")
+    assert all(p.startswith(owned) for p in listed), sorted(p for p in listed if not p.startswith(owned))
 
 
 @pytest.mark.parametrize("stem", ["fsdp_lora_gsm8k", "megatron_dense", "megatron_moe_ep", "fsdp_dynamic_bsz"])
