@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,3 +68,18 @@ def require_verl_yamls() -> Path:
 @pytest.fixture
 def verl_yamls() -> Path:
     return require_verl_yamls()
+
+
+@pytest.fixture(scope="module")
+def verl_slot() -> Iterator[None]:
+    """One verl training job on this machine at a time, across pytest processes: CI runs the Slurm tests beside the
+    unit and local ones (tools/run-tests.sh), and two verl jobs at once (each with vLLM, Ray and its workers) exhaust
+    2 cores and 24 GiB: Ray's OOM killer then kills a worker and the run hangs. Held for a module's verl tests; the
+    other stream's tests without verl run meanwhile."""
+    path = Path(os.environ.get("HPC_GRPO_TEST_LOCK_DIR") or tempfile.gettempdir()) / "hpc-grpo-tests-verl.lock"
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

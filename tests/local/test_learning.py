@@ -132,12 +132,18 @@ def test_trl_learns(tmp_path: Path) -> None:
     ("vllm", "full"),   # verl's vLLM server: full weights through the shared-memory sender; KL to the reference
     # verl's vLLM server with the adapter through vLLM's LoRA loading (add_lora): tests/slurm/test_verl_lifecycle.py
 ])
-def test_verl_learns(tmp_path: Path, sampler: str, weights: str) -> None:
-    if sampler == "hf" and os.environ.get("CI") == "true" and os.environ.get(ALL_CASES) != "1":
-        reason = (f"left out of CI for time (~250 s; set {ALL_CASES}=1 to run it): the HF server's weight sync is "
-                  "checked exactly by tests/unit/test_verl_cpu.py, and the trainer's learning by the vLLM cases")
-        print(f"SKIP: {reason}")
-        pytest.skip(reason)
+def test_verl_learns(tmp_path: Path, sampler: str, weights: str, verl_slot: None) -> None:
+    if os.environ.get("CI") == "true" and os.environ.get(ALL_CASES) != "1":
+        reason = {
+            "hf": f"left out of CI for time (~250 s; set {ALL_CASES}=1 to run it): the HF server's weight sync is "
+                  "checked exactly by tests/unit/test_verl_cpu.py, and the trainer's learning by the vLLM runs",
+            "full": f"left out of CI for time (~200 s; set {ALL_CASES}=1 to run it): full weights with the KL loss "
+                    "through vLLM's weight update learn in test_verl_megatron_learns[tp2] (the same vLLM plugin "
+                    "receives them), the vLLM LoRA sync on 2 Slurm nodes in tests/slurm/test_verl_lifecycle.py",
+        }.get(sampler if sampler == "hf" else weights)
+        if reason:
+            print(f"SKIP: {reason}")
+            pytest.skip(reason)
     venv = _verl_venv(sampler)
     extra = ["lora.rank=0", "grpo.lr=1e-2", "grpo.kl_loss=true"] if weights == "full" else []
     run, _ = train(tmp_path, "tiny-verl", f"cluster.setup.venv={venv}", f"rollout.name={sampler}", *extra)
@@ -165,7 +171,7 @@ MEGATRON_STEPS = 12
 
 @pytest.mark.parametrize("layout", [pytest.param([], id="tp2"),
                                     pytest.param(["parallel.tp=1", "parallel.pp=2"], id="pp2")])
-def test_verl_megatron_learns(tmp_path: Path, layout: list[str]) -> None:
+def test_verl_megatron_learns(tmp_path: Path, layout: list[str], verl_slot: None) -> None:
     if layout and os.environ.get("CI") == "true" and os.environ.get(ALL_CASES) != "1":
         reason = f"left out of CI for time (set {ALL_CASES}=1 to run it): the TP 2 case trains the same engine"
         print(f"SKIP: {reason}")

@@ -26,6 +26,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("HPC_GRPO_VERL_VENV") or REPO / ".venv-verl")
 DEV_CLI = REPO / ".venv" / "bin" / "hpc-grpo"
+pytestmark = pytest.mark.usefixtures("verl_slot")  # one verl job on the machine at a time (tests/conftest.py)
 
 
 def _venv() -> Path:

@@ -24,7 +24,7 @@ from hpc_grpo.runstate import runs
 from hpc_grpo.config.resolve import load_frozen
 from tests.slurm.test_submit import GSM8K
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster", "verl_slot")]
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv-verl"

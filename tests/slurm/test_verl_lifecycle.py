@@ -37,7 +37,7 @@ from tests.slurm.jobs import wait_final
 from tests.verl_data import TRAIN_ROWS, head_parquet
 from tests.slurm.test_submit import GSM8K, REPO, Env, make_env
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster", "verl_slot")]
 
 VENV = REPO / ".venv-verl"
 STEPS = 16  # tiny-verl's own: enough for the learning curve (tests/local/test_learning.py)

@@ -39,7 +39,7 @@ from hpc_grpo.job import verl_node
 from hpc_grpo.config.resolve import load_frozen
 from tests.launch_script import node_argv
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster", "verl_slot")]
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv-verl"
