@@ -29,7 +29,7 @@ from hpc_grpo.engines.verl import (
 from hpc_grpo.engines.verl_keymap import inverse_map
 from hpc_grpo.config.verl_keys import VERL_VERSION, bare_key, format_value, real_fix, real_key_for
 from hpc_grpo.engines.verl_schema import composed_leaves, verl_config_dir
-from hpc_grpo.engines.verl_script import Script, parse_script
+from hpc_grpo.engines.verl_script import MAIN_MODULE, Script, parse_script
 
 # The shipped recipe each backend starts from when --recipe is not given.
 DEFAULT_BASE = {"fsdp": "qwen2.5-3b-gsm8k-lora", "megatron": "qwen2.5-72b-megatron"}
@@ -84,7 +84,10 @@ class Imported:
             head.append("# The script's exports: add them to your cluster profile's env (or on the command line):")
             head += [f"#   cluster.env.{k}={v}" for k, v in self.env.items()]
         if self.script.unresolved:
-            head.append(f"# Not resolved in the script (left as written): ${', $'.join(self.script.unresolved)}")
+            head.append(f"# Not resolved in the script (left as written): {', '.join(self.script.unresolved)}")
+        if self.script.placeholders:
+            head.append("# Values to fill before it runs (the script left them to its user):")
+            head += [f"#   {key}={value}" for key, value in self.script.placeholders]
         return "\n".join(head) + "\n" + dump_yaml(data)
 
 
@@ -253,9 +256,78 @@ def _settle(theirs: dict[str, Any], config: str, folder: Any, base: str, cluster
     return recipe, passthrough, spec
 
 
+def _hydra_safe(script: Script, leave_out: set[str]) -> list[str]:
+    """The script's overrides as verl's Hydra would get them, a value left to fill (`<path>`) quoted so that it
+    parses (it is compared as the text it is)."""
+    fill = {key for key, _ in script.placeholders}
+    out = []
+    for item in script.overrides:
+        key, raw = item.split("=", 1)
+        if key in leave_out:
+            continue
+        out.append(f"{key}={format_value(typed_value(raw))}" if key.lstrip("+~") in fill else item)
+    return out
+
+
+def _refuse_unknown(script: Script, config: str, folder: Any, rows: list[Row]) -> None:
+    """Take out each override verl's main_ppo config would refuse (a key it does not have, a value Hydra cannot
+    parse), with its row: a key of another trainer (DAPO's main_dapo) is named as that trainer's."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    def refusal(items: list[str]) -> str | None:
+        try:
+            composed_leaves(config, items, folder)
+        except (HydraException, OmegaConfBaseException) as exc:
+            return str(exc).splitlines()[0][:160]
+        return None
+
+    if refusal(_hydra_safe(script, set())) is None:
+        return
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    defaults = composed_leaves(config, [], folder)
+    nodes = {".".join(p.split(".")[:k]) for p in defaults for k in range(1, p.count(".") + 2)}
+    parser = OverridesParser.create()
+
+    def cheap(item: str) -> str | None:
+        """Why verl's config refuses an override, decided without composing where it can be."""
+        try:
+            parser.parse_overrides([item])
+        except (HydraException, OmegaConfBaseException) as exc:
+            return f"Hydra cannot parse it: {str(exc).splitlines()[0][:120]}"
+        key = item.split("=", 1)[0]
+        if not key.startswith(("+", "~")) and key not in nodes:
+            return f"no key {key} in verl's {config} config (add it with +{key}=... if it is new)"
+        return None
+
+    cheap_why = {item: cheap(next(iter(_hydra_safe(Script(overrides=[item], placeholders=script.placeholders),
+                                                   set())))) for item in script.overrides}
+    rest = Script(overrides=[i for i in script.overrides if cheap_why[i] is None], placeholders=script.placeholders)
+    composes = refusal(_hydra_safe(rest, set())) is None
+    keep: list[str] = []
+    lines: list[int] = []
+    other = script.entry != MAIN_MODULE
+    for item, line in zip(script.overrides, script.override_lines or [0] * len(script.overrides)):
+        why = cheap_why[item] if composes else (cheap_why[item] or refusal(
+            _hydra_safe(Script(overrides=[item], placeholders=script.placeholders), set())))
+        if why is None:
+            keep.append(item)
+            lines.append(line)
+        elif other:
+            rows.append(Row(item, UNUSABLE, f"line {line}: {script.entry.rsplit('.', 1)[-1]}'s own key, not "
+                                            f"main_ppo's (hpc-grpo runs {MAIN_MODULE}): {why}"))
+        else:
+            rows.append(Row(item, UNUSABLE, f"line {line}: verl's config refuses it: {why}"))
+    script.overrides, script.override_lines = keep, lines
+
+
 def import_script(text: str, name: str, base: str | None = None, cluster: str = "local") -> Imported:
     """The recipe a verl launch script becomes (see the module doc); SpecError for what cannot be imported."""
     script = parse_script(text)
+    if script.errors:
+        raise SpecError("the script cannot be imported as written (the import never guesses what an override is):\n"
+                        + "\n".join(f"  {e}" for e in script.errors), key="SCRIPT")
     config = script.config_name or "ppo_trainer"
     backends = {v: k for k, v in CONFIG_NAMES.items()}
     if config not in backends:
@@ -268,16 +340,24 @@ def import_script(text: str, name: str, base: str | None = None, cluster: str = 
         raise SpecError(f"recipe {base} is {spec.recipe.engine}/{spec.recipe.backend}, the script is verl/{backend}: "
                         f"choose a verl {backend} recipe with --recipe", key="--recipe")
     rows: list[Row] = []
+    folder = verl_config_dir()
+    if script.entry != MAIN_MODULE:
+        script.notes.append(f"the script runs {script.entry}; the recipe runs {MAIN_MODULE}: the keys they share "
+                            f"are imported, each of {script.entry.rsplit('.', 1)[-1]}'s own is listed as dropped")
+    if folder is not None:
+        _refuse_unknown(script, config, folder, rows)
+    elif script.entry != MAIN_MODULE:
+        raise SpecError(f"the script runs {script.entry}: telling its own keys from main_ppo's needs verl's config, "
+                        "not installed here (install the dev extras)", key="SCRIPT")
     recipe, passthrough = _route(script, spec, rows)
     env = _exports(script, spec, rows)
     spec = _fitting(base, cluster, recipe, passthrough, rows)
     changed: list[Row] = []
-    folder = verl_config_dir()
     if folder is None:
         compared = "not done (verl's config or hydra is not installed here): the base recipe's defaults may differ"
     else:
         unusable = {r.item.split("=", 1)[0] for r in rows if r.went == UNUSABLE}
-        theirs = composed_leaves(config, [o for o in script.overrides if o.split("=", 1)[0] not in unusable], folder)
+        theirs = composed_leaves(config, _hydra_safe(script, unusable), folder)
         recipe, passthrough, spec = _settle(theirs, config, folder, base, cluster, recipe, passthrough, spec)
         ours = composed_leaves(config, VerlEngine().command(spec).overrides, folder)
         owned = {bare_key(o.key): o for o in modelled_overrides(spec)}
