@@ -31,7 +31,7 @@ def one(path: Path, root: Path, cluster: str) -> dict:
     row: dict = {"script": str(path)}
     name = "c-" + re.sub(r"[^a-z0-9-]+", "-", path.stem.lower()).strip("-")[:50]
     try:
-        result = import_script(path.read_text(errors="replace"), name)
+        result = import_script(path.read_text(errors="replace"), name, source=path)
     except SpecError as exc:
         row.update(outcome="refused", why=f"{exc.key}: {exc}")
         return row
@@ -65,9 +65,11 @@ def main() -> None:
     ap.add_argument("folder", type=Path)
     ap.add_argument("--cluster", default="h100-efa")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--plan", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--reverse", action="store_true", help="last script first (a second process meets the first)")
+    ap.add_argument("--start", type=int, default=0, help="begin at this script of the sorted list (a third process)")
     args = ap.parse_args()
-    scripts = sorted(p for p in args.folder.rglob("*.sh") if TRAINER.search(p.read_text(errors="replace")))
+    scripts = sorted((p for p in args.folder.rglob("*.sh") if TRAINER.search(p.read_text(errors="replace"))),
+                     reverse=args.reverse)[args.start:]
     root = Path(tempfile.mkdtemp(prefix="import-corpus-"))
     (root / "recipes").mkdir()
     os.environ["HPC_GRPO_PATH"] = str(root)
@@ -75,6 +77,8 @@ def main() -> None:
     for path in scripts:
         row = one(path, root, args.cluster)
         rows.append(row)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
         print(f"{row['outcome']:13} {row.get('plan', '-'):9} {path.relative_to(args.folder)}", flush=True)
     counts: dict[str, int] = {}
     for row in rows:

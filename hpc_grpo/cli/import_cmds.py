@@ -34,7 +34,7 @@ def import_cmd(
     if output is not None and output.exists():
         raise SpecError(f"{output} exists: choose another -o (import never overwrites a recipe)", key="-o")
     name = check_name((output or script).stem, "recipe")
-    imported = import_script(text, name, base=recipe, cluster=cluster)
+    imported = import_script(text, name, base=recipe, cluster=cluster, source=script)
     t = Table(title=f"{script.name} -> recipe {name} (extends {imported.base}, {imported.backend})")
     for col in ("the script's", "went to", "why"):
         t.add_column(col, overflow="fold")

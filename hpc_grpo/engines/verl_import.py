@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from hpc_grpo.common.yamlio import SpecError, dump_yaml, parse_scalar
+from hpc_grpo.common.yamlio import SpecError, dump_yaml, load_yaml_file, parse_scalar
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.config.secrets import SECRET_ENV, secret_in
 from hpc_grpo.config.spec import RunSpec
@@ -308,6 +309,9 @@ def _refuse_unknown(script: Script, config: str, folder: Any, rows: list[Row]) -
     keep: list[str] = []
     lines: list[int] = []
     other = script.entry != MAIN_MODULE
+
+    def at(line: int) -> str:
+        return f"line {line}" if line else "the script's own config"
     for item, line in zip(script.overrides, script.override_lines or [0] * len(script.overrides)):
         why = cheap_why[item] if composes else (cheap_why[item] or refusal(
             _hydra_safe(Script(overrides=[item], placeholders=script.placeholders), set())))
@@ -315,21 +319,81 @@ def _refuse_unknown(script: Script, config: str, folder: Any, rows: list[Row]) -
             keep.append(item)
             lines.append(line)
         elif other:
-            rows.append(Row(item, UNUSABLE, f"line {line}: {script.entry.rsplit('.', 1)[-1]}'s own key, not "
+            rows.append(Row(item, UNUSABLE, f"{at(line)}: {script.entry.rsplit('.', 1)[-1]}'s own key, not "
                                             f"main_ppo's (hpc-grpo runs {MAIN_MODULE}): {why}"))
         else:
-            rows.append(Row(item, UNUSABLE, f"line {line}: verl's config refuses it: {why}"))
+            rows.append(Row(item, UNUSABLE, f"{at(line)}: verl's config refuses it: {why}"))
     script.overrides, script.override_lines = keep, lines
 
 
-def import_script(text: str, name: str, base: str | None = None, cluster: str = "local") -> Imported:
-    """The recipe a verl launch script becomes (see the module doc); SpecError for what cannot be imported."""
+def _config_folder(written: str, source: Path | None) -> Path | None:
+    """The folder a script's --config-path names: as written when it exists, else its tail after any part the
+    script did not resolve ($PROJECT_DIR/...), found below one of the script's own parent folders."""
+    path = Path(written).expanduser()
+    if path.is_absolute() and path.is_dir():
+        return path
+    parts = [p for p in path.parts if p not in ("/", ".")]
+    while parts and ("$" in parts[0] or parts[0] == ".."):
+        parts = parts[1:]
+    if not parts or source is None:
+        return None
+    tail = Path(*parts)
+    return next((a / tail for a in source.resolve().parents if (a / tail).is_dir()), None)
+
+
+def _own_config(script: Script, config: str, source: Path | None, folder: Path | None) -> str:
+    """A script's own Hydra config (`--config-path P --config-name X`, X extending verl's ppo_trainer or
+    ppo_megatron_trainer): its values become overrides before the script's, and verl's config it extends is
+    returned. SpecError, with the reason, for one that cannot be read this way."""
+    where = _config_folder(script.config_path or "", source) if script.config_path else None
+    file = where / f"{config}.yaml" if where else None
+    if file is None or not file.is_file():
+        raise SpecError(f"--config-name {config} is not verl's ppo_trainer or ppo_megatron_trainer, and its file was "
+                        f"not found from --config-path {script.config_path or '(none)'} next to the script: import "
+                        "a script that runs one of verl's configs, or keep the script beside its config folder",
+                        key="--config-name")
+    data, _ = load_yaml_file(file)
+    parents = [d for d in data.pop("defaults", []) if d != "_self_"]
+    data.pop("hydra", None)
+    if len(parents) != 1 or parents[0] not in CONFIG_NAMES.values():
+        raise SpecError(f"{file}: its defaults {parents} are not exactly one of verl's ppo_trainer or "
+                        "ppo_megatron_trainer (and _self_): hpc-grpo composes only those", key="--config-name")
+    base = str(parents[0])
+    known: set[str] = set()
+    if folder is not None:
+        leaves = composed_leaves(base, [], folder)
+        known = {".".join(p.split(".")[:k]) for p in leaves for k in range(1, p.count(".") + 2)}
+    items: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        else:
+            items.append(f"{'' if prefix in known or folder is None else '+'}{prefix}={format_value(node)}")
+
+    walk(data, "")
+    given = {o.split("=", 1)[0].lstrip("+") for o in script.overrides}
+    items = [i for i in items if i.split("=", 1)[0].lstrip("+") not in given]  # the script's own value wins
+    script.overrides = items + script.overrides
+    script.override_lines = [0] * len(items) + script.override_lines
+    script.notes.append(f"--config-name {config}: the script's own config {file} extends verl's {base}; its "
+                        f"{len(items)} values are imported as overrides (the script's own override wins)")
+    return base
+
+
+def import_script(text: str, name: str, base: str | None = None, cluster: str = "local",
+                  source: Path | None = None) -> Imported:
+    """The recipe a verl launch script becomes (see the module doc); SpecError for what cannot be imported.
+    source: the script's file, to find a config folder its --config-path names."""
     script = parse_script(text)
     if script.errors:
         raise SpecError("the script cannot be imported as written (the import never guesses what an override is):\n"
                         + "\n".join(f"  {e}" for e in script.errors), key="SCRIPT")
     config = script.config_name or "ppo_trainer"
     backends = {v: k for k, v in CONFIG_NAMES.items()}
+    if config not in backends:
+        config = _own_config(script, config, source, verl_config_dir())
     if config not in backends:
         raise SpecError(f"--config-name {config} is not one hpc-grpo runs (it runs {', '.join(backends)}): "
                         "import a script that starts GRPO with one of them", key="--config-name")

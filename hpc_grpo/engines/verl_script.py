@@ -43,6 +43,7 @@ class Script:
     placeholders: list[tuple[str, str]] = field(default_factory=list)  # (key, value) left for the user to fill
     entry: str = MAIN_MODULE  # the module the script runs
     override_lines: list[int] = field(default_factory=list)  # the script's line of each override
+    config_path: str | None = None  # --config-path as written (expanded where the script says)
 
 
 class _Unsupported(Exception):
@@ -851,6 +852,7 @@ def _command(reader: _Reader, script: Script, words: list[list[tuple[str, str]]]
             script.config_name = config.removesuffix(".yaml") if config else None
         elif word.startswith("--config-path") or word == "-cp":
             path = word.split("=", 1)[1] if "=" in word else next(it, "")
+            script.config_path = path
             script.notes.append(f"line {cmd.line}: --config-path {path} ignored: hpc-grpo composes with verl's own "
                                 "config folder")
         elif word in ("|", "||", "&&", "&") or word.startswith((">", "<", "2>", "1>", "&>")) or word.startswith("|"):

@@ -26,15 +26,16 @@ REFUSED = {"branch_undecided": "line 8: ", "broken_continuation": "line 7: "}
 @pytest.mark.parametrize("stem", sorted(p.stem for p in CONSTRUCTS.glob("*.sh")))
 def test_every_override_is_accounted_for_or_the_import_is_refused_with_the_line(stem: str) -> None:
     require_verl_yamls()
-    text = (CONSTRUCTS / f"{stem}.sh").read_text()
+    path = CONSTRUCTS / f"{stem}.sh"
+    text = path.read_text()
     if stem in REFUSED:
         with pytest.raises(SpecError) as exc:
-            import_script(text, "imp")
+            import_script(text, "imp", source=path)
         assert exc.value.key == "SCRIPT" and REFUSED[stem] in str(exc.value)
         return
-    result = import_script(text, "imp")
+    result = import_script(text, "imp", source=path)
     items = {r.item for r in result.rows}
-    for override in parse_script(text).overrides:
+    for override in parse_script(text).overrides + result.script.overrides:  # the script's and its config's
         assert override in items or override.split("=", 1)[0] in items, override
 
 
@@ -72,3 +73,16 @@ def test_the_printed_command_works_for_the_file_import_wrote(tmp_path: Path) -> 
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert "Traceback" not in plan.stderr and "no recipe" not in plan.stderr, plan.stderr[-2000:]
     assert "recipe arrays " in plan.stdout, plan.stdout[-2000:]
+
+
+def test_the_scripts_own_config_beside_it_is_imported_and_the_scripts_overrides_win() -> None:
+    require_verl_yamls()
+    path = CONSTRUCTS / "own_config.sh"
+    result = import_script(path.read_text(), "imp", source=path)
+    assert result.config_name == "ppo_trainer" and result.spec is not None
+    assert result.spec.recipe.data.max_prompt_length == 768  # from config/own_grpo.yaml
+    assert result.spec.recipe.grpo.n == 8  # the script's override, over the config's 6
+    assert any("own_grpo" in n and "extends verl's ppo_trainer" in n for n in result.script.notes)
+    with pytest.raises(SpecError) as exc:
+        import_script(path.read_text(), "imp")  # without the script's location its config cannot be found
+    assert exc.value.key == "--config-name" and "own_grpo" in str(exc.value)
