@@ -382,6 +382,39 @@ def _own_config(script: Script, config: str, source: Path | None, folder: Path |
     return base
 
 
+GLOBAL_MICRO = {"actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size":
+                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                "actor_rollout_ref.ref.log_prob_micro_batch_size":
+                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"}
+
+
+def _per_gpu_micro(script: Script, rows: list[Row]) -> None:
+    """verl's deprecated global micro batches (`ppo_micro_batch_size=M`) as the per-GPU form hpc-grpo renders:
+    verl divides M by the GPUs per sequence-parallel group (world size / ulysses SP) at start-up, so the per-GPU
+    value is that quotient; one that does not divide is left for plan to refuse with its reason."""
+    values = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in script.overrides}
+
+    def integer(key: str, default: int) -> int | None:
+        value = typed_value(values[key]) if key in values else default
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    nodes, gpus = integer("trainer.nnodes", 1), integer("trainer.n_gpus_per_node", 8)
+    sp = integer("actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1)
+    if not (nodes and gpus and sp) or (nodes * gpus) % sp:
+        return
+    groups = nodes * gpus // sp
+    for i, item in enumerate(script.overrides):
+        key, raw = item.split("=", 1)
+        per_gpu = GLOBAL_MICRO.get(key.lstrip("+"))
+        value = typed_value(raw)
+        if per_gpu is None or per_gpu in values or not isinstance(value, int) or value % groups:
+            continue
+        script.overrides[i] = f"{per_gpu}={value // groups}"
+        rows.append(Row(item, f"{per_gpu}={value // groups}", f"verl's deprecated global form: verl divides it by "
+                                                                f"{groups} GPUs (world / ulysses SP) at start-up"))
+
+
 def import_script(text: str, name: str, base: str | None = None, cluster: str = "local",
                   source: Path | None = None) -> Imported:
     """The recipe a verl launch script becomes (see the module doc); SpecError for what cannot be imported.
@@ -408,6 +441,7 @@ def import_script(text: str, name: str, base: str | None = None, cluster: str = 
     if script.entry != MAIN_MODULE:
         script.notes.append(f"the script runs {script.entry}; the recipe runs {MAIN_MODULE}: the keys they share "
                             f"are imported, each of {script.entry.rsplit('.', 1)[-1]}'s own is listed as dropped")
+    _per_gpu_micro(script, rows)
     if folder is not None:
         _refuse_unknown(script, config, folder, rows)
     elif script.entry != MAIN_MODULE:

@@ -86,3 +86,14 @@ def test_the_scripts_own_config_beside_it_is_imported_and_the_scripts_overrides_
     with pytest.raises(SpecError) as exc:
         import_script(path.read_text(), "imp")  # without the script's location its config cannot be found
     assert exc.value.key == "--config-name" and "own_grpo" in str(exc.value)
+
+
+def test_verls_deprecated_global_micro_batch_becomes_the_per_gpu_form() -> None:
+    """verl divides `ppo_micro_batch_size` by world size / ulysses SP at start-up: the import does the same."""
+    require_verl_yamls()
+    text = (CONSTRUCTS / "arrays.sh").read_text().replace(
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.ppo_micro_batch_size=16")
+    result = import_script(text, "imp")
+    (row,) = [r for r in result.rows if r.item == "actor_rollout_ref.actor.ppo_micro_batch_size=16"]
+    assert row.went == "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4" and "4 GPUs" in row.why
+    assert result.spec is not None and result.spec.recipe.batch.micro_per_gpu == 4
