@@ -465,8 +465,19 @@ def import_script(text: str, name: str, base: str | None = None, cluster: str = 
                    else "hpc-grpo's recipe renders it differently")
             changed.append(Row(path, f"{script_value} -> {format_value(ours.get(path))}", why))
         compared = f"verl {config}, {len(theirs)} leaves, {len(changed)} differ"
-    owned_now = {bare_key(o.key): format_value(o.value) for o in modelled_overrides(spec)}
-    passthrough = {k: v for k, v in passthrough.items() if owned_now.get(bare_key(k)) != format_value(v)}
+    owned_now = {bare_key(o.key): o for o in modelled_overrides(spec)}
+    for key, value in list(passthrough.items()):
+        mine = owned_now.get(bare_key(key))
+        if mine is None:
+            continue
+        del passthrough[key]  # plan refuses a key hpc-grpo renders, set to another value: the recipe decides it
+        if format_value(mine.value) != format_value(value):
+            changed.append(Row(bare_key(key), f"{format_value(value)} -> {format_value(mine.value)}",
+                               owned_refusal(value, mine)[0]))
+    if folder is not None and changed:
+        compared = f"verl {config}, {len(theirs)} leaves, {len(changed)} differ"
+    if passthrough != dict(spec.recipe.passthrough or {}):
+        spec = _candidate(base, cluster, recipe, passthrough)
     base_spec = resolve_spec(base, cluster, [], run_name="imported", now=0.0)
     recipe = {k: v for k, v in recipe.items()
               if format_value(_recipe_value(base_spec, k)) != format_value(_recipe_value(spec, k))}

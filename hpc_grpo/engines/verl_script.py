@@ -868,7 +868,7 @@ def _command(reader: _Reader, script: Script, words: list[list[tuple[str, str]]]
             script.overrides.append(word)
             script.override_lines.append(cmd.line)
             key, value = word.split("=", 1)
-            if _PLACEHOLDER.search(value) or "$" in value:
+            if _PLACEHOLDER.search(value) or "$" in value or not value:  # an empty variable: left to fill
                 script.placeholders.append((key.lstrip("+~"), value))
         else:
             script.errors.append(f"line {cmd.line}: argument {word!r} of the trainer call is not key=value: "
