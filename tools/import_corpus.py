@@ -67,9 +67,13 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--reverse", action="store_true", help="last script first (a second process meets the first)")
     ap.add_argument("--start", type=int, default=0, help="begin at this script of the sorted list (a third process)")
+    ap.add_argument("--only", type=Path, help="a file listing the scripts to run, relative to the folder, one a line")
     args = ap.parse_args()
     scripts = sorted((p for p in args.folder.rglob("*.sh") if TRAINER.search(p.read_text(errors="replace"))),
                      reverse=args.reverse)[args.start:]
+    if args.only:
+        wanted = set(args.only.read_text().split())
+        scripts = [p for p in scripts if str(p.relative_to(args.folder)) in wanted]
     root = Path(tempfile.mkdtemp(prefix="import-corpus-"))
     (root / "recipes").mkdir()
     os.environ["HPC_GRPO_PATH"] = str(root)

@@ -246,7 +246,8 @@ def _settle(theirs: dict[str, Any], config: str, folder: Any, base: str, cluster
                     continue
             recipe, spec, moved = trial, trial_spec, True
         if not moved:
-            extra = {p: theirs[p] for p in diff if p in theirs and p not in owned and p not in exact and p not in place}
+            extra = {p: theirs[p] for p in diff if p in theirs and p not in owned and p not in exact and p not in place
+                     and p not in RESUME_KEYS}  # where the job resumes from is the job's (hpc-grpo resume)
             if not extra:
                 break
             passthrough = _composable(config, folder, base, cluster, recipe, passthrough, extra)
