@@ -34,7 +34,7 @@ def import_cmd(
     if output is not None and output.exists():
         raise SpecError(f"{output} exists: choose another -o (import never overwrites a recipe)", key="-o")
     name = check_name((output or script).stem, "recipe")
-    imported = import_script(text, name, base=recipe, cluster=cluster)
+    imported = import_script(text, name, base=recipe, cluster=cluster, source=script)
     t = Table(title=f"{script.name} -> recipe {name} (extends {imported.base}, {imported.backend})")
     for col in ("the script's", "went to", "why"):
         t.add_column(col, overflow="fold")
@@ -52,14 +52,26 @@ def import_cmd(
     for note in imported.script.notes:
         err.print(f"note: {note}", markup=False, highlight=False)
     if imported.script.unresolved:
-        err.print(f"not resolved in the script (left as written): ${', $'.join(imported.script.unresolved)}",
+        err.print(f"not resolved in the script (left as written): {', '.join(imported.script.unresolved)}",
                   markup=False, highlight=False)
+    for key, value in imported.script.placeholders:
+        err.print(f"to fill: {key}={value} (the script leaves it to its user)", markup=False, highlight=False)
     for line in imported.script.ignored:
-        err.print(f"ignored (not an assignment or main_ppo's call): {line}", markup=False, highlight=False)
+        err.print(f"ignored (sets nothing the trainer reads): {line}", markup=False, highlight=False)
     text_out = imported.yaml_text(str(script))
     if output is None:
         out.print(text_out, markup=False, highlight=False, end="")
         return
     output.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output, text_out)
-    err.print(f"wrote {output}: check it with `hpc-grpo plan recipe={name}`", markup=False, highlight=False)
+    err.print(f"wrote {output}: check it with `{plan_command(output)}`", markup=False, highlight=False)
+
+
+def plan_command(output: Path) -> str:
+    """The plan command for the recipe file import wrote, as the user can paste it from where they are."""
+    import shlex
+
+    typed = str(output)
+    if "/" not in typed:
+        typed = f"./{typed}"
+    return f"hpc-grpo plan recipe={shlex.quote(typed)}"

@@ -65,6 +65,10 @@ def print_status(status: Any) -> None:
         out.print(f"[yellow]accepted when the run was made (--accept {escape(acc.check)}):[/] {escape(acc.finding)}")
     for failure in status.failures:
         out.print(f"[bold red]stopped:[/] {failure}")
+    for problem in status.health:
+        from rich.markup import escape
+
+        out.print(f"[bold yellow]health:[/] {escape(problem)}")
     if status.trained:
         from rich.markup import escape
 

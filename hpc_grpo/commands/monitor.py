@@ -20,6 +20,7 @@ from hpc_grpo.runstate import metrics as engine_metrics
 from hpc_grpo.config.engine_traits import traits_of
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.config.steps import total_steps
+from hpc_grpo.runstate.health import run_health
 
 GPU_FIELDS = "index,name,utilization.gpu,memory.used,memory.total"
 # KL hints, as multiples of the recipe's healthy KL (health.kl, by default the reference GPU run's 0.0027): "far
@@ -133,7 +134,7 @@ def health_hints(spec: RunSpec, rows: list[dict[str, Any]]) -> list[str]:
         what = f"{clip[-1]:.0%} of responses" if clip and clip[-1] >= 0.5 else f"mean response length {length[-1]:.0f}"
         hints.append(f"{what} at the limit data.max_response_length={limit}: answers are cut off before they end "
                      "(reward is lost); raise data.max_response_length or check the prompt format")
-    return hints
+    return [h.message for h in run_health(rows)] + hints
 
 
 def monitor(spec: RunSpec) -> Monitor:

@@ -14,6 +14,7 @@ from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.config import registry
 from hpc_grpo.runstate import layout, runs, trained
 from hpc_grpo.runstate import metrics as engine_metrics
+from hpc_grpo.runstate.health import run_health
 from hpc_grpo.config.resolve import load_frozen, load_raw
 from hpc_grpo.config.cluster import Cluster
 from hpc_grpo.config.spec import RunSpec
@@ -90,6 +91,7 @@ class RunStatus:
     complete_checkpoints: int = 0
     logs: list[str] = field(default_factory=list)
     trained: str | None = None  # "trained (...)" once the run is trained (train_done.json or its final checkpoint)
+    health: list[str] = field(default_factory=list)  # runstate/health's findings on the logged steps
 
     @property
     def time_used_s(self) -> int:
@@ -101,7 +103,7 @@ class RunStatus:
                 "last_step": self.last_step, "newest_checkpoint": self.newest_checkpoint,
                 "complete_checkpoints": self.complete_checkpoints, "time_used_s": self.time_used_s, "logs": self.logs,
                 "restarts": [r.__dict__ for r in self.restarts], "failures": self.failures,
-                "trained": self.trained, "accepted": [a.model_dump() for a in self.spec.accepted]}
+                "trained": self.trained, "health": self.health, "accepted": [a.model_dump() for a in self.spec.accepted]}
 
 
 def checkpoints(spec: RunSpec) -> list[ck.Checkpoint]:
@@ -156,6 +158,7 @@ def run_status(run_dir: Path) -> RunStatus:
     status.newest_checkpoint = str(complete[-1].path) if complete else None
     status.last_step = last_step(spec)
     status.trained = trained_line(trained.decide(spec), status.jobs, events)
+    status.health = [h.message for h in run_health(engine_metrics.run_metrics(spec.path).rows)]
     return status
 
 

@@ -41,9 +41,29 @@ def folders(kind: str) -> list[Path]:
     return [root / kind for root in search_roots() if (root / kind).is_dir()]
 
 
+def is_path(name: str) -> bool:
+    """A recipe or profile typed as a file (`./my.yaml`, `/abs/x.yaml`, `~/r.yml`) rather than a name."""
+    return "/" in name or name.endswith((".yaml", ".yml"))
+
+
+def stem(name: str) -> str:
+    """The name a recipe or profile goes by: a file's stem when it was typed as a path."""
+    return Path(name).stem if is_path(name) else name
+
+
 def find(kind: str, name: str) -> Path:
-    """The YAML file for a recipe or cluster name; names are checked so no path escapes the folders."""
+    """The YAML file for a recipe or cluster, by name (checked so no name escapes the folders) or by its path."""
     what = kind.rstrip("s")
+    if is_path(name):
+        path = Path(name).expanduser()
+        if not name.endswith((".yaml", ".yml")):
+            raise SpecError(f"{name!r} is not a {what} file: a {what} named by its path ends in .yaml",
+                            key=what)
+        if not path.is_file():
+            raise SpecError(f"no {what} file {name} (from {Path.cwd()}): give the path of a {what} YAML, or a "
+                            f"name from `hpc-grpo {kind}`", key=what)
+        check_name(path.stem, what)
+        return path.resolve()
     check_name(name, what)
     for folder in folders(kind):
         candidate = folder / f"{name}.yaml"

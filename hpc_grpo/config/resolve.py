@@ -61,6 +61,8 @@ def load_raw(kind: str, name: str, chain: tuple[str, ...] = ()) -> tuple[dict[st
             where=where.get("extends", str(path)),
         )
     base, base_where = load_raw(kind, parent, (*chain, name))
+    if kind == "recipes" and "name" in base and "name" not in data:
+        data["name"] = registry.stem(name)  # a recipe goes by its own name, not its base's
     return _deep_merge(base, data), {**base_where, **where}
 
 
@@ -210,7 +212,7 @@ def resolve_spec(
         merged = dict(rdata.get("passthrough") or {})
         merged.update(passthrough)
         rdata["passthrough"] = merged
-    rdata.setdefault("name", recipe)
+    rdata.setdefault("name", registry.stem(recipe))
     recipe_model: Recipe = _validate(Recipe, rdata, rwhere)
 
     cluster_name = cluster or DEFAULT_CLUSTER
@@ -218,7 +220,7 @@ def resolve_spec(
     for key, value in cluster_items:
         _set_dotted(cdata, key, value, "command line")
         cwhere[key] = "command line"
-    cdata.setdefault("name", cluster_name)
+    cdata.setdefault("name", registry.stem(cluster_name))
     cluster_model: Cluster = _validate(Cluster, cdata, cwhere, prefix="cluster.")
 
     name = check_name(run_name, "run") if run_name else default_run_name(recipe_model.name, now)

@@ -11,10 +11,11 @@ string and fails at the first update.
 Which nodes are converted (the pinned verl, workers/engine_workers.py `init_model` and the rollout's start):
 `actor_rollout_ref.model`, `.actor`, `.rollout` (with every `_target_` node below them) always, and `.ref` when a
 reference policy is used (`actor.use_kl_loss` or `algorithm.use_kl_in_reward`, verl's need_reference_policy),
-after verl renames its `log_prob_*` keys to the actor's names (REF_RENAMES). Other `_target_` nodes (critic,
-algorithm, reward, distillation) are not checked: a GRPO run does not convert them through this path, or
-converts them only when a feature hpc-grpo never renders is on. A node without `_target_` is never checked: verl
-reads it as a plain dict.
+after verl renames its `log_prob_*` keys to the actor's names (REF_RENAMES), and `critic` when verl uses a critic
+(ray_trainer's `need_critic`: `critic.enable`, else an adv_estimator of gae). The algorithm and reward nodes carry
+`_target_`s but the pinned verl's main_ppo reads them as plain dicts (no omega_conf_to_dataclass on them), so an
+unknown key there does not fail the job and plan does not refuse it; their values' rules are engines/verl_values'.
+A node without `_target_` is never checked: verl reads it as a plain dict.
 
 How the classes are found: each `_target_` is a dotted class path; its module's source in the installed verl
 is parsed with `ast` (following `from .x import *` re-exports and base classes), never imported, so plan stays
@@ -51,6 +52,9 @@ REF_RENAMES = {
 }
 # verl's need_reference_policy: either key true means the ref node is converted.
 REF_SWITCHES = (f"{ARR}.actor.use_kl_loss", "algorithm.use_kl_in_reward")
+CRITIC = "critic"
+# verl's need_critic: critic.enable when set, else whether the advantage estimator is gae.
+CRITIC_SWITCHES = ("critic.enable", "algorithm.adv_estimator")
 # A run whose actor never updates: verl's update loop runs ppo_epochs times over each batch (engine_workers'
 # train_batch builds its iterator with `epochs`), so 0 or less trains nothing and raises nothing.
 NEVER_UPDATES = {f"{ARR}.actor.ppo_epochs": "the actor makes ppo_epochs passes over each batch"}
@@ -152,7 +156,7 @@ class Table:
 
     targets: dict[str, str]  # node path -> _target_
     classes: dict[str, dict[str, str] | None]  # _target_ -> {field: annotation}; None: source not found
-    defaults: dict[str, object]  # the REF_SWITCHES' defaults
+    defaults: dict[str, object]  # the REF_SWITCHES' and CRITIC_SWITCHES' defaults
 
     def node_of(self, key: str) -> str | None:
         """The deepest `_target_` node at or above `key`'s parent."""
@@ -206,13 +210,13 @@ def build_table(config_name: str, config_dir: Path, groups: list[str]) -> tuple[
         module, _, name = target.rpartition(".")
         found = sources.find_class(module, name)
         classes[target] = sources.fields(*found) if found else None
-    return Table(targets, classes, {k: _lookup(cfg, k) for k in REF_SWITCHES}), sources.files
+    return Table(targets, classes, {k: _lookup(cfg, k) for k in REF_SWITCHES + CRITIC_SWITCHES}), sources.files
 
 
 def table(config_name: str, config_dir: Path, groups: list[str]) -> Table:
     """The table for this config and config-group choices, from the cache when its source files are unchanged."""
     digest = hashlib.sha256(json.dumps(groups).encode()).hexdigest()[:8]
-    cache = cache_file("verl-dataclasses", f"{config_name}-{digest}", config_dir)
+    cache = cache_file("verl-dataclasses-2", f"{config_name}-{digest}", config_dir)
     root = verl_root(config_dir)
     try:
         data = json.loads(cache.read_text())
@@ -320,6 +324,16 @@ def _ref_in_use(overrides: dict[str, str], tbl: Table) -> bool:
                for k in REF_SWITCHES)
 
 
+def _critic_in_use(overrides: dict[str, str], tbl: Table) -> bool:
+    def value(key: str) -> object:
+        return parse_value(overrides[key]) if key in overrides else tbl.defaults.get(key)
+
+    enable = value("critic.enable")
+    if enable is not None:
+        return bool(enable)
+    return value("algorithm.adv_estimator") == "gae"
+
+
 def check_overrides(overrides: list[str], tbl: Table) -> list[Finding]:
     """Every `key=value` the run sets under a converted node, against the field verl's dataclass has for it."""
     values: dict[str, str] = {}
@@ -327,7 +341,8 @@ def check_overrides(overrides: list[str], tbl: Table) -> list[Finding]:
         key, sep, value = item.partition("=")
         if sep and not key.startswith("~"):
             values[key.lstrip("+")] = value
-    roots = CONVERTED + ((REF,) if _ref_in_use(values, tbl) else ())
+    roots = CONVERTED + ((REF,) if _ref_in_use(values, tbl) else ()) + ((CRITIC,) if _critic_in_use(values, tbl)
+                                                                          else ())
     out: list[Finding] = []
     for key, text in values.items():
         if not any(key == r or key.startswith(r + ".") for r in roots) or "${" in text:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from hpc_grpo.common.yamlio import SpecError, dump_yaml, parse_scalar
+from hpc_grpo.common.yamlio import SpecError, dump_yaml, load_yaml_file, parse_scalar
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.config.secrets import SECRET_ENV, secret_in
 from hpc_grpo.config.spec import RunSpec
@@ -29,7 +30,7 @@ from hpc_grpo.engines.verl import (
 from hpc_grpo.engines.verl_keymap import inverse_map
 from hpc_grpo.config.verl_keys import VERL_VERSION, bare_key, format_value, real_fix, real_key_for
 from hpc_grpo.engines.verl_schema import composed_leaves, verl_config_dir
-from hpc_grpo.engines.verl_script import Script, parse_script
+from hpc_grpo.engines.verl_script import MAIN_MODULE, Script, parse_script
 
 # The shipped recipe each backend starts from when --recipe is not given.
 DEFAULT_BASE = {"fsdp": "qwen2.5-3b-gsm8k-lora", "megatron": "qwen2.5-72b-megatron"}
@@ -84,7 +85,10 @@ class Imported:
             head.append("# The script's exports: add them to your cluster profile's env (or on the command line):")
             head += [f"#   cluster.env.{k}={v}" for k, v in self.env.items()]
         if self.script.unresolved:
-            head.append(f"# Not resolved in the script (left as written): ${', $'.join(self.script.unresolved)}")
+            head.append(f"# Not resolved in the script (left as written): {', '.join(self.script.unresolved)}")
+        if self.script.placeholders:
+            head.append("# Values to fill before it runs (the script left them to its user):")
+            head += [f"#   {key}={value}" for key, value in self.script.placeholders]
         return "\n".join(head) + "\n" + dump_yaml(data)
 
 
@@ -242,7 +246,8 @@ def _settle(theirs: dict[str, Any], config: str, folder: Any, base: str, cluster
                     continue
             recipe, spec, moved = trial, trial_spec, True
         if not moved:
-            extra = {p: theirs[p] for p in diff if p in theirs and p not in owned and p not in exact and p not in place}
+            extra = {p: theirs[p] for p in diff if p in theirs and p not in owned and p not in exact and p not in place
+                     and p not in RESUME_KEYS}  # where the job resumes from is the job's (hpc-grpo resume)
             if not extra:
                 break
             passthrough = _composable(config, folder, base, cluster, recipe, passthrough, extra)
@@ -253,11 +258,176 @@ def _settle(theirs: dict[str, Any], config: str, folder: Any, base: str, cluster
     return recipe, passthrough, spec
 
 
-def import_script(text: str, name: str, base: str | None = None, cluster: str = "local") -> Imported:
-    """The recipe a verl launch script becomes (see the module doc); SpecError for what cannot be imported."""
+def _hydra_safe(script: Script, leave_out: set[str]) -> list[str]:
+    """The script's overrides as verl's Hydra would get them, a value left to fill (`<path>`) quoted so that it
+    parses (it is compared as the text it is)."""
+    fill = {key for key, _ in script.placeholders}
+    out = []
+    for item in script.overrides:
+        key, raw = item.split("=", 1)
+        if key in leave_out:
+            continue
+        out.append(f"{key}={format_value(typed_value(raw))}" if key.lstrip("+~") in fill else item)
+    return out
+
+
+def _refuse_unknown(script: Script, config: str, folder: Any, rows: list[Row]) -> None:
+    """Take out each override verl's main_ppo config would refuse (a key it does not have, a value Hydra cannot
+    parse), with its row: a key of another trainer (DAPO's main_dapo) is named as that trainer's."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    def refusal(items: list[str]) -> str | None:
+        try:
+            composed_leaves(config, items, folder)
+        except (HydraException, OmegaConfBaseException) as exc:
+            return str(exc).splitlines()[0][:160]
+        return None
+
+    if refusal(_hydra_safe(script, set())) is None:
+        return
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    defaults = composed_leaves(config, [], folder)
+    nodes = {".".join(p.split(".")[:k]) for p in defaults for k in range(1, p.count(".") + 2)}
+    parser = OverridesParser.create()
+
+    def cheap(item: str) -> str | None:
+        """Why verl's config refuses an override, decided without composing where it can be."""
+        try:
+            parser.parse_overrides([item])
+        except (HydraException, OmegaConfBaseException) as exc:
+            return f"Hydra cannot parse it: {str(exc).splitlines()[0][:120]}"
+        key = item.split("=", 1)[0]
+        if not key.startswith(("+", "~")) and key not in nodes:
+            return f"no key {key} in verl's {config} config (add it with +{key}=... if it is new)"
+        return None
+
+    cheap_why = {item: cheap(next(iter(_hydra_safe(Script(overrides=[item], placeholders=script.placeholders),
+                                                   set())))) for item in script.overrides}
+    rest = Script(overrides=[i for i in script.overrides if cheap_why[i] is None], placeholders=script.placeholders)
+    composes = refusal(_hydra_safe(rest, set())) is None
+    keep: list[str] = []
+    lines: list[int] = []
+    other = script.entry != MAIN_MODULE
+
+    def at(line: int) -> str:
+        return f"line {line}" if line else "the script's own config"
+    for item, line in zip(script.overrides, script.override_lines or [0] * len(script.overrides)):
+        why = cheap_why[item] if composes else (cheap_why[item] or refusal(
+            _hydra_safe(Script(overrides=[item], placeholders=script.placeholders), set())))
+        if why is None:
+            keep.append(item)
+            lines.append(line)
+        elif other:
+            rows.append(Row(item, UNUSABLE, f"{at(line)}: {script.entry.rsplit('.', 1)[-1]}'s own key, not "
+                                            f"main_ppo's (hpc-grpo runs {MAIN_MODULE}): {why}"))
+        else:
+            rows.append(Row(item, UNUSABLE, f"{at(line)}: verl's config refuses it: {why}"))
+    script.overrides, script.override_lines = keep, lines
+
+
+def _config_folder(written: str, source: Path | None) -> Path | None:
+    """The folder a script's --config-path names: as written when it exists, else its tail after any part the
+    script did not resolve ($PROJECT_DIR/...), found below one of the script's own parent folders."""
+    path = Path(written).expanduser()
+    if path.is_absolute() and path.is_dir():
+        return path
+    parts = [p for p in path.parts if p not in ("/", ".")]
+    while parts and ("$" in parts[0] or parts[0] == ".."):
+        parts = parts[1:]
+    if not parts or source is None:
+        return None
+    tail = Path(*parts)
+    return next((a / tail for a in source.resolve().parents if (a / tail).is_dir()), None)
+
+
+def _own_config(script: Script, config: str, source: Path | None, folder: Path | None) -> str:
+    """A script's own Hydra config (`--config-path P --config-name X`, X extending verl's ppo_trainer or
+    ppo_megatron_trainer): its values become overrides before the script's, and verl's config it extends is
+    returned. SpecError, with the reason, for one that cannot be read this way."""
+    where = _config_folder(script.config_path or "", source) if script.config_path else None
+    file = where / f"{config}.yaml" if where else None
+    if file is None or not file.is_file():
+        raise SpecError(f"--config-name {config} is not verl's ppo_trainer or ppo_megatron_trainer, and its file was "
+                        f"not found from --config-path {script.config_path or '(none)'} next to the script: import "
+                        "a script that runs one of verl's configs, or keep the script beside its config folder",
+                        key="--config-name")
+    data, _ = load_yaml_file(file)
+    parents = [d for d in data.pop("defaults", []) if d != "_self_"]
+    data.pop("hydra", None)
+    if len(parents) != 1 or parents[0] not in CONFIG_NAMES.values():
+        raise SpecError(f"{file}: its defaults {parents} are not exactly one of verl's ppo_trainer or "
+                        "ppo_megatron_trainer (and _self_): hpc-grpo composes only those", key="--config-name")
+    base = str(parents[0])
+    known: set[str] = set()
+    if folder is not None:
+        leaves = composed_leaves(base, [], folder)
+        known = {".".join(p.split(".")[:k]) for p in leaves for k in range(1, p.count(".") + 2)}
+    items: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        else:
+            items.append(f"{'' if prefix in known or folder is None else '+'}{prefix}={format_value(node)}")
+
+    walk(data, "")
+    given = {o.split("=", 1)[0].lstrip("+") for o in script.overrides}
+    items = [i for i in items if i.split("=", 1)[0].lstrip("+") not in given]  # the script's own value wins
+    script.overrides = items + script.overrides
+    script.override_lines = [0] * len(items) + script.override_lines
+    script.notes.append(f"--config-name {config}: the script's own config {file} extends verl's {base}; its "
+                        f"{len(items)} values are imported as overrides (the script's own override wins)")
+    return base
+
+
+GLOBAL_MICRO = {"actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size":
+                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                "actor_rollout_ref.ref.log_prob_micro_batch_size":
+                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"}
+
+
+def _per_gpu_micro(script: Script, rows: list[Row]) -> None:
+    """verl's deprecated global micro batches (`ppo_micro_batch_size=M`) as the per-GPU form hpc-grpo renders:
+    verl divides M by the GPUs per sequence-parallel group (world size / ulysses SP) at start-up, so the per-GPU
+    value is that quotient; one that does not divide is left for plan to refuse with its reason."""
+    values = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in script.overrides}
+
+    def integer(key: str, default: int) -> int | None:
+        value = typed_value(values[key]) if key in values else default
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    nodes, gpus = integer("trainer.nnodes", 1), integer("trainer.n_gpus_per_node", 8)
+    sp = integer("actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1)
+    if not (nodes and gpus and sp) or (nodes * gpus) % sp:
+        return
+    groups = nodes * gpus // sp
+    for i, item in enumerate(script.overrides):
+        key, raw = item.split("=", 1)
+        per_gpu = GLOBAL_MICRO.get(key.lstrip("+"))
+        value = typed_value(raw)
+        if per_gpu is None or per_gpu in values or not isinstance(value, int) or value % groups:
+            continue
+        script.overrides[i] = f"{per_gpu}={value // groups}"
+        rows.append(Row(item, f"{per_gpu}={value // groups}", f"verl's deprecated global form: verl divides it by "
+                                                                f"{groups} GPUs (world / ulysses SP) at start-up"))
+
+
+def import_script(text: str, name: str, base: str | None = None, cluster: str = "local",
+                  source: Path | None = None) -> Imported:
+    """The recipe a verl launch script becomes (see the module doc); SpecError for what cannot be imported.
+    source: the script's file, to find a config folder its --config-path names."""
     script = parse_script(text)
+    if script.errors:
+        raise SpecError("the script cannot be imported as written (the import never guesses what an override is):\n"
+                        + "\n".join(f"  {e}" for e in script.errors), key="SCRIPT")
     config = script.config_name or "ppo_trainer"
     backends = {v: k for k, v in CONFIG_NAMES.items()}
+    if config not in backends:
+        config = _own_config(script, config, source, verl_config_dir())
     if config not in backends:
         raise SpecError(f"--config-name {config} is not one hpc-grpo runs (it runs {', '.join(backends)}): "
                         "import a script that starts GRPO with one of them", key="--config-name")
@@ -268,16 +438,25 @@ def import_script(text: str, name: str, base: str | None = None, cluster: str = 
         raise SpecError(f"recipe {base} is {spec.recipe.engine}/{spec.recipe.backend}, the script is verl/{backend}: "
                         f"choose a verl {backend} recipe with --recipe", key="--recipe")
     rows: list[Row] = []
+    folder = verl_config_dir()
+    if script.entry != MAIN_MODULE:
+        script.notes.append(f"the script runs {script.entry}; the recipe runs {MAIN_MODULE}: the keys they share "
+                            f"are imported, each of {script.entry.rsplit('.', 1)[-1]}'s own is listed as dropped")
+    _per_gpu_micro(script, rows)
+    if folder is not None:
+        _refuse_unknown(script, config, folder, rows)
+    elif script.entry != MAIN_MODULE:
+        raise SpecError(f"the script runs {script.entry}: telling its own keys from main_ppo's needs verl's config, "
+                        "not installed here (install the dev extras)", key="SCRIPT")
     recipe, passthrough = _route(script, spec, rows)
     env = _exports(script, spec, rows)
     spec = _fitting(base, cluster, recipe, passthrough, rows)
     changed: list[Row] = []
-    folder = verl_config_dir()
     if folder is None:
         compared = "not done (verl's config or hydra is not installed here): the base recipe's defaults may differ"
     else:
         unusable = {r.item.split("=", 1)[0] for r in rows if r.went == UNUSABLE}
-        theirs = composed_leaves(config, [o for o in script.overrides if o.split("=", 1)[0] not in unusable], folder)
+        theirs = composed_leaves(config, _hydra_safe(script, unusable), folder)
         recipe, passthrough, spec = _settle(theirs, config, folder, base, cluster, recipe, passthrough, spec)
         ours = composed_leaves(config, VerlEngine().command(spec).overrides, folder)
         owned = {bare_key(o.key): o for o in modelled_overrides(spec)}
@@ -287,8 +466,19 @@ def import_script(text: str, name: str, base: str | None = None, cluster: str = 
                    else "hpc-grpo's recipe renders it differently")
             changed.append(Row(path, f"{script_value} -> {format_value(ours.get(path))}", why))
         compared = f"verl {config}, {len(theirs)} leaves, {len(changed)} differ"
-    owned_now = {bare_key(o.key): format_value(o.value) for o in modelled_overrides(spec)}
-    passthrough = {k: v for k, v in passthrough.items() if owned_now.get(bare_key(k)) != format_value(v)}
+    owned_now = {bare_key(o.key): o for o in modelled_overrides(spec)}
+    for key, value in list(passthrough.items()):
+        mine = owned_now.get(bare_key(key))
+        if mine is None:
+            continue
+        del passthrough[key]  # plan refuses a key hpc-grpo renders, set to another value: the recipe decides it
+        if format_value(mine.value) != format_value(value):
+            changed.append(Row(bare_key(key), f"{format_value(value)} -> {format_value(mine.value)}",
+                               owned_refusal(value, mine)[0]))
+    if folder is not None and changed:
+        compared = f"verl {config}, {len(theirs)} leaves, {len(changed)} differ"
+    if passthrough != dict(spec.recipe.passthrough or {}):
+        spec = _candidate(base, cluster, recipe, passthrough)
     base_spec = resolve_spec(base, cluster, [], run_name="imported", now=0.0)
     recipe = {k: v for k, v in recipe.items()
               if format_value(_recipe_value(base_spec, k)) != format_value(_recipe_value(spec, k))}

@@ -80,6 +80,20 @@ def model_folder(spec: RunSpec) -> Path | None:
     return found[-1].parent if found else None
 
 
+LORA_RANK_KEYS = ("lora.rank", "actor_rollout_ref.model.lora_rank", "actor_rollout_ref.model.lora.rank")
+
+
+def lora_off(spec: RunSpec) -> list[Finding]:
+    """A typed rank 0 is accepted (it is the default) and turns LoRA off: say so, as a user who typed it may
+    have meant a small adapter."""
+    typed = [o for o in spec.overrides if o.split("=", 1)[0].lstrip("+") in LORA_RANK_KEYS]
+    if spec.recipe.lora.rank or not typed:
+        return []
+    return [info("lora.rank", f"{typed[-1]}: rank 0 turns LoRA off: the whole model trains (every weight, with its "
+                 "optimizer state), and lora.alpha / lora.target_modules are not used",
+                 "for an adapter give a rank such as lora.rank=32; for full fine-tuning this is right")]
+
+
 def check_lora_targets(spec: RunSpec) -> list[Finding]:
     """Errors where peft would refuse the targets at model load; a warning for a listed name matching nothing."""
     lora = spec.recipe.lora

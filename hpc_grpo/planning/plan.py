@@ -19,7 +19,7 @@ from hpc_grpo.common.findings import Finding, Severity, cannot_read, error, has_
 from hpc_grpo.config.layout import Layout, layout_of
 from hpc_grpo.config.models import ModelShape, resolve_shape
 from hpc_grpo.planning.container import check_container
-from hpc_grpo.planning.lora_targets import check_lora_targets
+from hpc_grpo.planning.lora_targets import check_lora_targets, lora_off
 from hpc_grpo.planning.resources import check_resources
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.spec import Acceptance, RunSpec
@@ -216,6 +216,7 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False, accep
         lambda: check_environment(spec, for_submit),
         lambda: check_eval(spec, for_submit),
         lambda: check_lora_targets(spec),
+        lambda: lora_off(spec),
         lambda: check_container(spec),
     ]
     for check in checks:
@@ -273,7 +274,10 @@ def schema_check(spec: RunSpec, already: list[Finding]) -> tuple[str, list[Findi
     """Compose against verl's YAMLs, then check the values against verl's config dataclasses (what its runtime
     builds from them); keys the engine check already flagged are left out."""
     from hpc_grpo.engines.verl import VerlEngine
+    from hpc_grpo.config.verl_keys import bare_key
+    from hpc_grpo.engines.verl import modelled_overrides
     from hpc_grpo.engines.verl_dataclasses import dataclass_check
+    from hpc_grpo.engines.verl_values import value_check
     from hpc_grpo.engines.verl_schema import compose_check, key_tree, plus_typos, verl_config_dir, verl_version
 
     folder = verl_config_dir()
@@ -290,6 +294,8 @@ def schema_check(spec: RunSpec, already: list[Finding]) -> tuple[str, list[Findi
         # finding (quoting verl's TypeError) replaces the typo's
         failing = {f.key for f in built if f.severity is Severity.ERROR}
         found = [f for f in found if f.key not in failing] + built
+        sources = {bare_key(o.key): o.source for o in modelled_overrides(spec) if not o.source.startswith(("engine", "run "))}
+        found += [f for f in value_check(overrides, folder, sources) if f.key not in failing]
     status = (f"composed against verl {verl_version()} '{cmd.config_name}' and checked against its config dataclasses "
               "(cached per verl version and config hash): " + ("rejected" if has_errors(found) else "ok"))
     return status, found

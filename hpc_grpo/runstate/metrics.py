@@ -34,6 +34,10 @@ KEYS: dict[str, tuple[str, ...]] = {
     "step_time": ("step_time", "timing_s/step"),
     "entropy": ("entropy", "actor/entropy"),
     "loss": ("loss", "actor/pg_loss"),
+    # the sampler against the trainer (verl): runstate/health reads them
+    "rollout_probs_diff": ("training/rollout_probs_diff_mean",),
+    "rollout_probs_corr": ("training/rollout_actor_probs_pearson_corr",),
+    "rollout_kl": ("rollout_corr/kl",),
 }
 _VERL_LINE = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
 _VERL_TOTAL = re.compile(r"Total training steps:\s*(\d+)")

@@ -140,3 +140,21 @@ def test_the_cache_is_rebuilt_when_a_class_source_changes(isolated, tmp_path: Pa
     actor_py.write_text(actor_py.read_text().replace("    ppo_epochs: int = 1\n",
                                                      "    ppo_epochs: int = 1\n    brand_new_knob: int = 0\n"))
     assert vd.table("ppo_trainer", config, []).classes[target]["brand_new_knob"] == "int"
+
+
+@pytest.mark.parametrize("switches, checked", [([], False), (["algorithm.adv_estimator=gae"], True),
+                                               (["critic.enable=True"], True),
+                                               (["algorithm.adv_estimator=gae", "critic.enable=False"], False)])
+def test_critic_is_checked_only_when_verl_uses_a_critic(switches: list[str], checked: bool) -> None:
+    """verl's need_critic: critic.enable when set, else an advantage estimator of gae."""
+    tbl = vd.Table({"critic": "verl.cfg.Critic"}, {"verl.cfg.Critic": {"ppo_epochs": "int", "enable": "Optional[bool]"}},
+                   {"critic.enable": None, "algorithm.adv_estimator": "grpo"})
+    found = vd.check_overrides([*switches, "+critic.ppo_epoch=1"], tbl)
+    assert keys(found) == ([("error", "engine.critic.ppo_epoch")] if checked else [])
+
+
+@needs_verl
+def test_the_real_table_knows_verls_critic_class(isolated) -> None:
+    fsdp = vd.table("ppo_trainer", CONFIG_DIR, [])
+    critic = fsdp.classes[fsdp.targets["critic"]]
+    assert critic and "ppo_epochs" in critic and fsdp.defaults["algorithm.adv_estimator"] == "gae"

@@ -1,0 +1,91 @@
+"""A run's health from its own metric rows: what a broken run shows in its first steps, before its reward does.
+
+A pure function over the rows of runstate/metrics (our names, by step), for status, watch and monitor:
+
+- weight_sync: verl's `training/rollout_probs_diff_mean` (each sampled token's probability under vLLM against the
+  trainer's) above ROLLOUT_DIFF_MAX. The learning runs (docs/benchmarks.md, docs/testing.md) justify 0.01: healthy
+  runs stay at or under 0.0026 over the whole run on every engine (HF 0.0026, vLLM LoRA 0.0012, vLLM full 0.0022),
+  the run with the weight sync broken on purpose reaches 0.016.
+- nan: a loss, grad norm, KL or entropy that is logged but not a finite number.
+- zero_reward: a mean reward of exactly 0 for ZERO_REWARD_STEPS logged steps in a row (every sample scored 0: a
+  reward function that never matches, a wrong data column).
+- entropy_collapse: entropy under ENTROPY_COLLAPSE of its first logged value for ENTROPY_STEPS steps in a row (the
+  policy samples one answer; GRPO's groups then have no spread to learn from).
+
+verl's `training/rollout_actor_probs_pearson_corr` and `rollout_corr/kl` are read too, but no learning run here
+has calibrated a threshold for them yet, so they name no problem on their own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+ROLLOUT_DIFF_MAX = 0.01
+ZERO_REWARD_STEPS = 5
+ENTROPY_COLLAPSE = 0.1
+ENTROPY_STEPS = 3
+FINITE_KEYS = ("loss", "grad_norm", "kl", "entropy")
+KINDS = ("weight_sync", "nan", "zero_reward", "entropy_collapse")  # what `health.stop_on` could name
+
+
+@dataclass(frozen=True)
+class Health:
+    """One problem: its kind, the step it was first seen at, and what to tell the user."""
+
+    kind: str
+    step: int
+    message: str
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _first_run(rows: list[dict[str, Any]], test: Any, length: int) -> int | None:
+    """The step that ends the first `length` rows in a row where test(row) holds, or None."""
+    count = 0
+    for row in rows:
+        count = count + 1 if test(row) else 0
+        if count >= length:
+            return int(row["step"])
+    return None
+
+
+def run_health(rows: list[dict[str, Any]]) -> list[Health]:
+    """Every problem the rows show, each once, at the first step it is seen (see the module doc)."""
+    found: list[Health] = []
+    for row in rows:
+        diff = _number(row.get("rollout_probs_diff"))
+        if diff is not None and diff > ROLLOUT_DIFF_MAX:
+            found.append(Health("weight_sync", int(row["step"]), (
+                f"step {row['step']}: the rollout is not the policy being trained: vLLM's token probabilities differ "
+                f"from the trainer's by {diff:.3g} on average (training/rollout_probs_diff_mean; healthy runs stay "
+                f"under {ROLLOUT_DIFF_MAX}): the weights or the LoRA adapter did not reach vLLM")))
+            break
+    for row in rows:
+        bad = [k for k in FINITE_KEYS if k in row and (row[k] is None or not math.isfinite(_number(row[k]) or 0.0))]
+        if bad:
+            found.append(Health("nan", int(row["step"]), f"step {row['step']}: {', '.join(bad)} is not a finite "
+                                "number (NaN or infinite): the update diverged; lower the learning rate or check "
+                                "the data"))
+            break
+    zero = _first_run(rows, lambda r: _number(r.get("reward")) == 0.0, ZERO_REWARD_STEPS)
+    if zero is not None:
+        found.append(Health("zero_reward", zero, f"step {zero}: the mean reward has been 0 for {ZERO_REWARD_STEPS} "
+                            "steps in a row: every sample scores 0 (the reward never matches: check the reward "
+                            "function and the data's answer column)"))
+    entropies = [(_number(r.get("entropy")), r) for r in rows]
+    first = next((e for e, _ in entropies if e is not None and e > 0), None)
+    if first is not None:
+        collapsed = _first_run(rows, lambda r: (_number(r.get("entropy")) is not None
+                                                and _number(r.get("entropy")) < ENTROPY_COLLAPSE * first),  # type: ignore[operator]
+                               ENTROPY_STEPS)
+        if collapsed is not None:
+            found.append(Health("entropy_collapse", collapsed, f"step {collapsed}: entropy fell under "
+                                f"{ENTROPY_COLLAPSE:.0%} of its first value ({first:.3g}) for {ENTROPY_STEPS} steps: "
+                                "the policy samples one answer, and GRPO's groups have nothing to compare"))
+    return found
