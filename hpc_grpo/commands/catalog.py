@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.config import registry
+from hpc_grpo.config.engine_traits import traits_of
 
 
 def recipe_rows() -> list[dict[str, Any]]:
@@ -48,7 +49,8 @@ def recipes_markdown() -> str:
     lines = ["| recipe | engine / backend | nodes x GPUs | reward | what |", "|---|---|---|---|---|"]
     for name in registry.list_names("recipes"):
         r = Recipe.model_validate(load_raw("recipes", name)[0])
-        engine = r.engine if r.engine == "trl" else f"{r.engine} / {r.backend}"
+        # a backend is a config of the engine's Hydra tree (verl: ppo_trainer or ppo_megatron_trainer); trl has none
+        engine = f"{r.engine} / {r.backend}" if traits_of(r.engine).hydra_config else r.engine
         gpus = f"{r.resources.nodes} x {r.resources.gpus_per_node}" if r.resources.gpus_per_node else \
             f"{r.resources.nodes} x CPU"
         reward = "- (own driver)" if r.launch.driver else r.grpo.reward

@@ -18,11 +18,12 @@ from pydantic.fields import FieldInfo
 
 from hpc_grpo.config.cluster import Cluster
 from hpc_grpo.config.spec import Recipe, RunSpec
+from hpc_grpo.runstate.layout import SPEC_FILE
 
-HEADER = """# Field reference
+HEADER = f"""# Field reference
 
 Every key of a recipe (`recipes/*.yaml`), a cluster profile (`clusters/*.yaml`) and the frozen spec of a run
-(`RUN/spec.yaml`): its type, default, rule and what it does. Set a recipe key on the command line as `section.key=value`
+(`RUN/{SPEC_FILE}`): its type, default, rule and what it does. Set a recipe key on the command line as `section.key=value`
 and a profile key as `cluster.key=value`. Generated from the models that declare the fields (`hpc_grpo/config/spec.py`,
 `hpc_grpo/config/cluster.py`) by `hpc-grpo recipes --reference > docs/reference.md` (do not edit by hand; a unit test
 regenerates it and fails when it differs). Which recipe plans on which profile: [recipe-matrix.md](recipe-matrix.md).
@@ -32,7 +33,7 @@ regenerates it and fails when it differs). Which recipe plans on which profile: 
 ROOTS: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("Recipe", "", Recipe),
     ("Cluster profile", "cluster.", Cluster),
-    ("Frozen spec (spec.yaml)", "", RunSpec),
+    (f"Frozen spec ({SPEC_FILE})", "", RunSpec),
 )
 
 

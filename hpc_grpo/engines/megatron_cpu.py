@@ -1,6 +1,6 @@
 """verl's Megatron backend on CPU: runtime patches for megatron-core and mbridge, loaded in verl's worker processes.
 
-Why: verl 0.9.1's Megatron engine runs megatron-core, which assumes CUDA and Transformer Engine in a few places even
+Why: the pinned verl's Megatron engine runs megatron-core, which assumes CUDA and Transformer Engine in a few places even
 when its pure-torch layers are asked for. With the configuration `render` writes for the CPU mode (padded bshd
 batches, local attention, host initialisation, fusions off: hpc_grpo.engines.verl.CPU_MEGATRON_OVERRIDES) and
 these patches, verl's real Megatron code trains on CPU with TP, PP and sequence parallel on gloo, so the headline

@@ -167,6 +167,38 @@ def _split_commands(text: str) -> list[_Cmd]:
     return cmds
 
 
+def _double_quote_end(text: str, i: int) -> int:
+    """The index of the '"' that closes the one at i (a `$(...)` inside may hold quotes of its own)."""
+    j, depth, n = i + 1, 0, len(text)
+    while j < n and (text[j] != '"' or depth):
+        if text[j] == "\\":
+            j += 1
+        elif text.startswith("$(", j):
+            depth += 1
+            j += 1
+        elif text[j] == ")" and depth:
+            depth -= 1
+        j += 1
+    return j
+
+
+def _closing(text: str, j: int, open_ch: str, close_ch: str) -> int:
+    """The index just past the close_ch that balances an open_ch before j (quotes inside are skipped)."""
+    depth, q, n = 1, "", len(text)
+    while j < n and depth:
+        c = text[j]
+        if q:
+            q = "" if c == q else q
+        elif c in "'\"":
+            q = c
+        elif c == open_ch:
+            depth += 1
+        elif c == close_ch:
+            depth -= 1
+        j += 1
+    return j
+
+
 def _words(text: str) -> list[list[tuple[str, str]]]:
     """Words as lists of (text, quote) parts: quote is '' (bare), "'" or '"'. `$(...)` stays inside its word;
     `NAME=(...)` is one word whose bare text keeps the parentheses."""
@@ -195,16 +227,7 @@ def _words(text: str) -> list[list[tuple[str, str]]]:
             add(text[i + 1:j], "'")
             i = j + 1
         elif ch == '"':
-            j, depth = i + 1, 0
-            while j < n and (text[j] != '"' or depth):
-                if text[j] == "\\":
-                    j += 1
-                elif text.startswith("$(", j):
-                    depth += 1
-                    j += 1
-                elif text[j] == ")" and depth:
-                    depth -= 1
-                j += 1
+            j = _double_quote_end(text, i)
             add(text[i + 1:j], '"')
             i = j + 1
         elif ch == "\\" and i + 1 < n:
@@ -220,34 +243,11 @@ def _words(text: str) -> list[list[tuple[str, str]]]:
             add(m.group(0), "'")  # type: ignore[union-attr]
             i += m.end()  # type: ignore[union-attr]
         elif text.startswith("${", i):
-            j, depth, q = i + 2, 1, ""
-            while j < n and depth:
-                c = text[j]
-                if q:
-                    q = "" if c == q else q
-                elif c in "'\"":
-                    q = c
-                elif c == "{":
-                    depth += 1
-                elif c == "}":
-                    depth -= 1
-                j += 1
+            j = _closing(text, i + 2, "{", "}")
             add(text[i:j], "")
             i = j
         elif ch == "(" or text.startswith("$(", i):
-            j = i + (2 if ch == "$" else 1)
-            depth, q = 1, ""
-            while j < n and depth:
-                c = text[j]
-                if q:
-                    q = "" if c == q else q
-                elif c in "'\"":
-                    q = c
-                elif c == "(":
-                    depth += 1
-                elif c == ")":
-                    depth -= 1
-                j += 1
+            j = _closing(text, i + (2 if ch == "$" else 1), "(", ")")
             add(text[i:j], "")
             i = j
         elif ch in "|&<>" and not started or ch in "|&":
@@ -626,6 +626,31 @@ def parse_script(text: str) -> Script:
     return script
 
 
+def _conditional(reader: _Reader, frames: list[_Frame], head: str, cond_words: list[list[tuple[str, str]]],
+                 line: int) -> None:
+    """`if`/`elif` (decided when the test compares values the script sets), `while`/`until` (never decided)."""
+    if cond_words and cond_words[-1] == [("then", "")]:
+        cond_words = cond_words[:-1]
+    if head in ("while", "until"):
+        frames.append(_Frame("loop", line, None))
+        return
+    reader.used_unknown = []
+    try:
+        decided = _decide(reader.expand_words(cond_words)) if _state(frames) is not False else False
+    except _Unsupported:
+        decided = None
+    if head == "if":
+        frames.append(_Frame("if", line, decided))
+        frames[-1].taken = decided is True
+    elif frames and frames[-1].kind == "if":
+        f = frames[-1]
+        if f.taken:
+            f.active = False
+        elif f.active is not None:
+            f.active = decided
+            f.taken = decided is True
+
+
 def _read(text: str, script: Script) -> None:
     reader = _Reader(script)
     frames: list[_Frame] = []
@@ -639,29 +664,7 @@ def _read(text: str, script: Script) -> None:
         head = first
         # -- control structures
         if head in ("if", "elif", "while", "until"):
-            cond_words = words[1:]
-            if cond_words and cond_words[-1] == [("then", "")]:
-                cond_words = cond_words[:-1]
-            if head in ("while", "until"):
-                frames.append(_Frame("loop", cmd.line, None))
-                continue
-            reader.used_unknown = []
-            try:
-                decided = _decide(reader.expand_words(cond_words)) if _state(frames) is not False else False
-            except _Unsupported:
-                decided = None
-            if head == "if":
-                frames.append(_Frame("if", cmd.line, decided))
-                frames[-1].taken = decided is True
-            elif frames and frames[-1].kind == "if":
-                f = frames[-1]
-                if f.taken:
-                    f.active = False
-                elif f.active is None:
-                    f.active = None
-                else:
-                    f.active = decided
-                    f.taken = decided is True
+            _conditional(reader, frames, head, words[1:], cmd.line)
             continue
         if head == "then" or head == "do":
             rest = cmd.text.split(None, 1)[1:] if len(cmd.text.split(None, 1)) > 1 else []
@@ -776,42 +779,7 @@ def _command(reader: _Reader, script: Script, words: list[list[tuple[str, str]]]
                 script.exports[name] = reader.values[name]
         return False
     if assigns and not rest:
-        for m, w in assigns:
-            name, index, plus, first = m.groups()
-            parts = [(first, "")] + list(w[1:])
-            if state is None:
-                reader.unknown[name] = _describe(frames) if not cmd.after_op else f"the && / || list at line {cmd.line}"
-                reader.values.pop(name, None)
-                reader.arrays.pop(name, None)
-                continue
-            reader.unknown.pop(name, None)
-            if first.startswith("(") and len(parts) == 1 and first.endswith(")"):
-                inner = first[1:-1]
-                elems = reader.expand_words(_words(_strip_comments(inner)))
-                if UNKNOWN in "".join(elems):
-                    reader.unknown[name] = f"line {cmd.line}, from a value set in a block"
-                    continue
-                reader.arrays[name] = (reader.arrays.get(name, []) if plus else []) + elems
-                reader.values.pop(name, None)
-                continue
-            reader.used_unknown = []
-            value = "".join(reader.expand_word(parts, split=False) or [""]) if first or len(parts) > 1 else ""
-            if UNKNOWN in value:
-                reader.unknown[name] = f"line {cmd.line}, from a value set in a block"
-                continue
-            if index:
-                arr = reader.arrays.setdefault(name, [])
-                k = reader.arith(index[1:-1])
-                if k.isdigit():
-                    arr.extend([""] * (int(k) + 1 - len(arr)))
-                    arr[int(k)] = value
-                continue
-            if plus and name in reader.arrays:
-                reader.arrays[name].append(value)
-                continue
-            reader.values[name] = (reader.values.get(name, "") if plus else "") + value
-            if exported:
-                script.exports[name] = reader.values[name]
+        _assign(reader, script, assigns, cmd, state, frames, exported)
         return False
     reader.used_unknown = []
     expanded = reader.expand_words(rest)
@@ -874,6 +842,48 @@ def _command(reader: _Reader, script: Script, words: list[list[tuple[str, str]]]
             script.errors.append(f"line {cmd.line}: argument {word!r} of the trainer call is not key=value: "
                                  "hpc-grpo does not know what it sets")
     return True
+
+
+def _assign(reader: _Reader, script: Script, assigns: list[tuple[re.Match[str], list[tuple[str, str]]]], cmd: _Cmd,
+            state: bool | None, frames: list[_Frame], exported: bool) -> None:
+    """A command of assignments only (`A=1 B=(x y)`, `export A=1`): the reader's values and arrays, or why a
+    value is unknown (set inside a block only running the script decides)."""
+    for m, w in assigns:
+        name, index, plus, first = m.groups()
+        parts = [(first, "")] + list(w[1:])
+        if state is None:
+            reader.unknown[name] = _describe(frames) if not cmd.after_op else f"the && / || list at line {cmd.line}"
+            reader.values.pop(name, None)
+            reader.arrays.pop(name, None)
+            continue
+        reader.unknown.pop(name, None)
+        if first.startswith("(") and len(parts) == 1 and first.endswith(")"):
+            inner = first[1:-1]
+            elems = reader.expand_words(_words(_strip_comments(inner)))
+            if UNKNOWN in "".join(elems):
+                reader.unknown[name] = f"line {cmd.line}, from a value set in a block"
+                continue
+            reader.arrays[name] = (reader.arrays.get(name, []) if plus else []) + elems
+            reader.values.pop(name, None)
+            continue
+        reader.used_unknown = []
+        value = "".join(reader.expand_word(parts, split=False) or [""]) if first or len(parts) > 1 else ""
+        if UNKNOWN in value:
+            reader.unknown[name] = f"line {cmd.line}, from a value set in a block"
+            continue
+        if index:
+            arr = reader.arrays.setdefault(name, [])
+            k = reader.arith(index[1:-1])
+            if k.isdigit():
+                arr.extend([""] * (int(k) + 1 - len(arr)))
+                arr[int(k)] = value
+            continue
+        if plus and name in reader.arrays:
+            reader.arrays[name].append(value)
+            continue
+        reader.values[name] = (reader.values.get(name, "") if plus else "") + value
+        if exported:
+            script.exports[name] = reader.values[name]
 
 
 def _strip_comments(inner: str) -> str:
