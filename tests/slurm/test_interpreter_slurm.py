@@ -18,7 +18,7 @@ import pytest
 
 from tests.slurm.test_submit import GSM8K, REPO, Env, make_env
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster", "verl_slot")]
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 VERL_VENV = REPO / ".venv-verl"
 
