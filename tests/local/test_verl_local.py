@@ -113,11 +113,15 @@ def test_a_dead_vllm_engine_ends_the_job_and_resume_goes_on(tmp_path: Path) -> N
                           capture_output=True, text=True, timeout=1200, check=False)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:], _logs(run)[-5000:])
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == str(steps)
-    rows = metrics.file_rows(run / "metrics.jsonl")
-    assert [r["step"] for r in rows] == list(range(1, steps + 1))
-    # every step scored by the MATH reward (a random model rarely boxes: the path, not learning)
+    # verl saves a step's checkpoint before it logs the step's metrics: a step saved when the engine died may have
+    # no row (seen: steps 1, 2, 4, 5 when step 3 was saved and the job then stopped). Every step before the kill's
+    # save and every step after the resume has one, once.
+    logged = [r["step"] for r in metrics.file_rows(run / "metrics.jsonl")]
+    assert logged == sorted(set(logged)) and set(range(1, 3)) | set(range(done + 1, steps + 1)) <= set(logged), logged
+    assert set(logged) <= set(range(1, steps + 1)), logged
+    # every logged step scored by the MATH reward (a random model rarely boxes: the path, not learning)
     rewards = [r["reward"] for r in metrics.run_metrics(run).rows if r.get("reward") is not None]
-    assert len(rewards) == steps and all(0.0 <= r <= 1.0 for r in rewards), rewards
+    assert len(rewards) == len(logged) and all(0.0 <= r <= 1.0 for r in rewards), rewards
 
 
 def _logs(run: Path) -> str:
