@@ -29,9 +29,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.slurm)
-    # verl's runs first (their modules hold tests/conftest.verl_slot): CI runs this stream beside the unit tests,
-    # then the scheduler-bound tests (waits on ticks, grace times, time limits) beside the local verl runs
-    items.sort(key=lambda item: not (here in Path(str(item.fspath)).parents and "verl_slot" in item.fixturenames))
+    # The cluster's own checks first, on an idle cluster (they name the nodes a job lands on; a cancelled 2-node
+    # job leaves its nodes completing for a few seconds). Then verl's runs (their modules hold
+    # tests/conftest.verl_slot): CI runs this stream beside the unit tests. Then the scheduler-bound tests (waits
+    # on ticks, grace times, time limits), beside the local verl runs.
+    def order(item: pytest.Item) -> int:
+        path = Path(str(item.fspath))
+        if here not in path.parents:
+            return 2
+        return 0 if path.name == "test_cluster.py" else 1 if "verl_slot" in item.fixturenames else 2
+    items.sort(key=order)
 
 
 def _cannot_run_reason() -> str | None:
