@@ -199,6 +199,15 @@ def _closing(text: str, j: int, open_ch: str, close_ch: str) -> int:
     return j
 
 
+def _operator(text: str, i: int, chars: str, words: list[list[tuple[str, str]]]) -> int:
+    """Append the operator word (a pipe, `&&`, a redirection like `2>&1`) that starts at i; the index past it."""
+    j = i
+    while j < len(text) and text[j] in chars:
+        j += 1
+    words.append([(text[i:j], "op")])
+    return j
+
+
 def _words(text: str) -> list[list[tuple[str, str]]]:
     """Words as lists of (text, quote) parts: quote is '' (bare), "'" or '"'. `$(...)` stays inside its word;
     `NAME=(...)` is one word whose bare text keeps the parentheses."""
@@ -254,22 +263,14 @@ def _words(text: str) -> list[list[tuple[str, str]]]:
             if started:
                 words.append(cur)
             cur, started = [], False
-            j = i
-            while j < n and text[j] in "|&<>0123456789-":
-                j += 1
-            words.append([(text[i:j], "op")])
-            i = j
+            i = _operator(text, i, "|&<>0123456789-", words)
         elif ch in "<>":
             if started and len(cur) == 1 and cur[0][1] == "" and cur[0][0].isdigit():  # 2>&1
                 cur, started = [], False
             elif started:
                 words.append(cur)
                 cur, started = [], False
-            j = i
-            while j < n and text[j] in "<>&0123456789-":
-                j += 1
-            words.append([(text[i:j], "op")])
-            i = j
+            i = _operator(text, i, "<>&0123456789-", words)
         else:
             add(ch, "")
             i += 1
