@@ -6,7 +6,8 @@ process of their own, started fresh by the scorer (hpc_grpo/rewards/code.py), wh
 
 How the code is isolated (namespaces, a minimal root, no privilege; or limits only, by the recipe's explicit
 consent) lives beside this file in sandbox_namespaces.py, loaded by path; this file is the harness: the limits,
-the child that runs the tests, the report protocol and its checks.
+the child that runs the solution, the judge that runs the tests (sandbox_judge.py), the report protocol and its
+checks.
 
 Always: limits on address space, CPU seconds, file size, open files, processes and core dumps; stdin/stdout/
 stderr on /dev/null; a per-test wall deadline enforced from OUTSIDE the code (this runner watches a pipe and
@@ -17,18 +18,14 @@ Stdlib only, run with -I -S (no site-packages, ~15 ms start-up): it must not imp
 library that the code under test could tamper with. Output: one JSON object on stdout.
 `python -I -S code_sandbox.py --probe` prints {"isolation": mode, "why": ...}: what "auto" gets on this node.
 
-The protocol (the scorer's side: hpc_grpo/rewards/code_tests.py): the job holds no expected answer. A split test
-is a call (`add(1, 2)`): its result goes back as plain data (exact builtin types; an int subclass, an
-object with a clever __eq__ or anything else is refused here, see _encode), and the scorer compares it
-with the answer. A stdin test sends stdin only; the printed text goes back. So code that tampers with
-this harness in its own interpreter (no-op exec, wrapped os.write, frames walked to the reporting
-function, forged report lines) can change what is reported, not what a report is compared with: it
-scores no more than code that honestly returns the same outputs. The supervisor still checks the report's
-shape (the nonce, each test once, indices in range, bounded sizes: see _Reports).
-Weak mode: a test that cannot be split (arbitrary statements) runs as a snippet in the code's own
-interpreter and reports `ok` when it raised nothing. Code that searches its own process for the report
-nonce and the pipe can forge that `ok`, so such tests are counted per problem ("weak") in the reward's
-report.
+The protocol (the scorer's side: hpc_grpo/rewards/code_tests.py): no test runs in the code's process. Function
+tests run in the judge (sandbox_judge.py), a process this runner forks before any namespace is made, with limits of
+its own; each call a test makes into the solution comes here as plain data (sandbox_values.py), runs, and goes back
+as plain data (exact builtin types; an int subclass, an object with a clever __eq__ or anything else is refused).
+So the code sees its arguments only: not the test's frame, constants or comparison, and no pipe to this runner.
+stdin tests send stdin only; the printed text goes back and the scorer compares it. This runner reads the verdicts
+(the judge's, or the code's outputs for stdin tests) and checks the report's shape (the nonce, each test once,
+indices in range, bounded sizes: see _Reports); it kills both processes at the first per-test overrun.
 """
 
 from __future__ import annotations
@@ -342,8 +339,8 @@ def supervise(job: dict) -> dict:
 
 
 class _Reports:
-    """The child's report lines -> one outcome per test. The child runs the completion, so every line may be
-    forged: only lines with the nonce count, a test reported twice fails, indices outside 1..n, malformed or
+    """The judge's verdict lines, or for stdin tests the child's report lines -> one outcome per test. The child
+    runs the completion, so every line of its may be forged: only lines with the nonce count, a test reported twice fails, indices outside 1..n, malformed or
     oversize lines are dropped (and counted), and the whole report is bounded (self.cap). A forged line can
     still carry an output, but not decide a pass: the scorer compares outputs with answers the child never had."""
 
