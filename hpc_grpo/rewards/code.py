@@ -50,6 +50,7 @@ __all__ = [
     "RewardWeights",
     "CodeScore",
     "extract_code",
+    "fences",
     "parse_ground_truth",
     "run_sandbox",
     "run_tests",
@@ -106,7 +107,7 @@ def extract_code(text: str) -> str | None:
     whole text when it looks like code; None when there is nothing code-like. Linear in the text (str.find,
     no regex): the completion is the policy's, and this runs in the trainer."""
     first = None
-    for lang, body in _fences(text):
+    for lang, body in fences(text):
         if lang.lower() in _PY_LANGS:
             return body if body.strip() else None
         if first is None:
@@ -118,7 +119,7 @@ def extract_code(text: str) -> str | None:
     return text
 
 
-def _fences(text: str) -> Iterator[tuple[str, str]]:
+def fences(text: str) -> Iterator[tuple[str, str]]:
     """(language, body) of each fenced block: ``` then a language word and the rest of its line; the body runs
     to the next ``` or the end of the text."""
     pos = 0
