@@ -249,16 +249,21 @@ def run_sandbox(code: str, gt: dict[str, Any], plan: PlannedTests, weights: Rewa
     made of it: each raw outcome, up to a MiB, is dropped once judged). The runner's output is read a line at a
     time, each line and the whole capped in bytes before parsing (sandbox_report.read_report)."""
     isolation.require(weights.isolation)  # IsolationRefused: auto, and this node gives the sandbox no namespaces
-    tests = [t.job for t in plan.tests]
-    job = {"code": code, "tests": tests, "setup": gt.get("setup", ""), "prelude": plan.prelude, "given": plan.given,
-           "calls": list(plan.calls), "entry": gt.get("entry_point") or "",
+    judged = not any("stdin" in t.job for t in plan.tests)
+    tests = [{} if judged else t.job for t in plan.tests]
+    job = {"code": code, "tests": tests, "setup": gt.get("setup", ""), "given": plan.given, "judged": judged,
            "per_test_timeout": weights.per_test_timeout, "memory_mb": weights.memory_mb, "max_procs": weights.max_procs,
            "isolation": weights.isolation, "syntax_check": syntax_check}
+    first = json.dumps(job).encode()
+    part = b"%d\n" % len(first) + first
+    if judged:  # the judge's part: read by the judge alone (code_sandbox._read_job), never by the code's process
+        part += json.dumps({"tests": [t.job for t in plan.tests], "prelude": plan.prelude, "calls": list(plan.calls),
+                            "entry": gt.get("entry_point") or ""}).encode()
     outer = weights.per_test_timeout * (len(tests) + 2) + 10.0
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOT, str(SANDBOX)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd="/",
                             env=isolation.sandbox_env())
-    return read_report(proc, json.dumps(job).encode(), len(tests), outer, on_outcome)
+    return read_report(proc, part, len(tests), outer, on_outcome)
 
 
 def run_tests(code: str, gt: dict[str, Any], weights: RewardWeights = RewardWeights(),

@@ -231,16 +231,21 @@ def _name(obj: object) -> str:
         return "?"
 
 
-def _start_judge(job: dict, nonce: str) -> tuple[int, int, tuple[int, int]]:
+def _start_judge(job: dict, nonce: str, judge_fd: int | None) -> tuple[int, int, tuple[int, int]]:
     """Fork the judge (sandbox_judge.py) before any namespace is made: (its pid, the pipe its verdicts come on,
-    the solution's ends of the call pipes). It runs as this runner's user with its own limits, no capability and
-    no way to a new one; only its three pipes open."""
+    the solution's ends of the call pipes). It reads its part of the job from judge_fd (see _read_job), runs as
+    this runner's user with its own limits, no capability and no way to a new one; only its three pipes open."""
     call_r, call_w = os.pipe()
     back_r, back_w = os.pipe()
     verdict_r, verdict_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
+            if judge_fd is not None:
+                chunks = []
+                while chunk := os.read(judge_fd, 1 << 16):
+                    chunks.append(chunk)
+                job = {**job, **json.loads(b"".join(chunks))}
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
@@ -276,22 +281,27 @@ def _end(pid: int | None) -> None:
             pass
 
 
-def supervise(job: dict) -> dict:
+def supervise(job: dict, judge_fd: int | None = None) -> dict:
     """Run the job's tests under the limits; return counts, a status and the time taken. Function tests: the
     judge runs them and the solution answers its calls (its verdicts are read here); stdin tests: the solution's
-    process runs each program and reports the printed text."""
+    process runs each program and reports the printed text. judge_fd: where the judge's part of the job waits
+    (main's stdin), None when `job` holds it."""
     t0 = time.monotonic()
     tests = job["tests"]
     per_test = float(job["per_test_timeout"])
     wall = float(job.get("wall_timeout") or per_test * (len(tests) + 1) + 1.0)
     nonce = secrets.token_hex(16)
-    judged = not any(isinstance(t, dict) and "stdin" in t for t in tests)
+    judged = job.get("judged", not any(isinstance(t, dict) and "stdin" in t for t in tests))
     judge_pid = None
     if judged:
-        judge_pid, read_fd, child_fds = _start_judge(job, nonce)
+        judge_pid, read_fd, child_fds = _start_judge(job, nonce, judge_fd)
     else:
         read_fd, write_fd = os.pipe()
         child_fds = (write_fd,)
+    if judge_fd is not None:  # the judge's part is the judge's: this runner (and the child it forks) never holds it
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, judge_fd)
+        os.close(devnull)
     libc = ns.libc_handle()
     mode, uid, workdir, why = ns.prepare(job, libc, t0 + wall)
     if why:
@@ -448,6 +458,27 @@ def _collect(read_fd: int, reports: _Reports, per_test: float, wall_end: float) 
 
 
 
+def _read_job() -> tuple[dict, int | None]:
+    """The job from stdin: `LENGTH\\n` + the runner's part (JSON, LENGTH bytes) + the judge's part (JSON, to the end),
+    which this process never reads: the judge, forked first, reads it from fd 0 (the tests, the prelude, the names to
+    proxy). So the tests are never in this process's memory, which the solution's process is forked from. One JSON
+    object instead (by hand, in tests): the whole job, the judge's part included (then it is in that memory)."""
+    first = os.read(0, 1)
+    if first == b"{":
+        return json.loads(first + sys.stdin.buffer.read()), None
+    head = first
+    while not head.endswith(b"\n") and len(head) < 20:
+        head += os.read(0, 1)
+    want = int(head)
+    data = b""
+    while len(data) < want:
+        chunk = os.read(0, want - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return json.loads(data), 0
+
+
 def main() -> int:
     """--probe: one JSON line. A job: one line per test (`V i payload` for a value, as the child sent it; `O i
     JSON` for any other outcome), then `S JSON`, the summary: the scorer reads them one at a time, each capped
@@ -456,7 +487,8 @@ def main() -> int:
         sys.stdout.write(json.dumps(ns.probe()) + "\n")
         sys.stdout.flush()
         return 0
-    report = supervise(json.loads(sys.stdin.buffer.read()))
+    job, judge_fd = _read_job()
+    report = supervise(job, judge_fd)
     out = sys.stdout.buffer
     for i, outcome in enumerate(report.pop("outcomes")):
         if outcome is None:

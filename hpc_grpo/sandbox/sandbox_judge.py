@@ -199,6 +199,7 @@ def run(job: dict, call_fd: int, back_fd: int, verdict_fd: int, nonce: str, valu
         try:
             exec(compile(source, "<test>", "exec"), dict(base))  # a fresh module per test
         except BaseException as exc:  # noqa: BLE001 - AssertionError, a failed call, anything: the test failed
-            report(f"fail {i} {_words(type(exc).__name__.encode())}")
+            why = f"{type(exc).__name__} {exc}" if isinstance(exc, SolutionError) else type(exc).__name__
+            report(f"fail {i} {_words(why.encode())}")
             continue
         report(f"pass {i}")
