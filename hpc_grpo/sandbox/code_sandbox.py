@@ -331,7 +331,7 @@ def supervise(job: dict, judge_fd: int | None = None) -> dict:
         os.close(read_fd)
         return {"status": "sandbox_error", "total": len(tests), "outcomes": [None] * len(tests), "isolation": "failed",
                 "error": f"{mode}: {why}", "seconds": round(time.monotonic() - t0, 4)}
-    reports = _Reports(nonce, len(tests))
+    reports = _Reports(nonce, len(tests), judged)
     status = _collect(read_fd, reports, per_test, t0 + wall)
     ns.kill(pid, mode)
     _end(judge_pid)
@@ -354,9 +354,10 @@ class _Reports:
     oversize lines are dropped (and counted), and the whole report is bounded (self.cap). A forged line can
     still carry an output, but not decide a pass: the scorer compares outputs with answers the child never had."""
 
-    def __init__(self, nonce: str, n: int) -> None:
+    def __init__(self, nonce: str, n: int, judged: bool = True) -> None:
         self.prefix = nonce.encode() + b" "
         self.n = n
+        self.kinds = ("pass", "fail") if judged else ("value", "raised", "toolarge")  # the judge's or the child's
         self.outcomes: list[list[str] | None] = [None] * (n + 1)  # index 0: the program phase (define)
         self.current = 0  # the phase running (0: the program's definition), and since when
         self.started = time.monotonic()
@@ -393,7 +394,7 @@ class _Reports:
             return
         kind, idx, rest = parts[0].decode("ascii", "replace"), int(parts[1]), parts[2] if len(parts) > 2 else b""
         phase0 = kind in ("ok", "error") and idx == 0
-        if not (phase0 or (kind in ("value", "pass", "fail", "raised", "toolarge") and 1 <= idx <= self.n)):
+        if not (phase0 or (kind in self.kinds and 1 <= idx <= self.n)):
             self.anomalies += 1
             return
         try:

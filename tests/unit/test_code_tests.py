@@ -187,19 +187,22 @@ def lines(nonce: str, *words: str) -> bytes:
 
 def test_report_shape_is_checked() -> None:
     r = sb._Reports("n0", 3)
-    r.feed(lines("n0", "ok 0", "pass 1", "fail 2 AssertionError", "pass 2", "value 9 1", "value 0 1", "start 1",
-                 "bogus 3 x", "value 3x 1") + b"no nonce here\n" + lines("other", "value 3 3"))
+    r.feed(lines("n0", "ok 0", "pass 1", "fail 2 AssertionError", "pass 2", "pass 9", "pass 0", "start 1",
+                 "bogus 3 x", "value 3 1", "pass 3x") + b"no nonce here\n" + lines("other", "pass 3"))
     assert r.outcomes == [["ok"], ["pass"], ["invalid", "reported twice"], None]
-    assert r.current == 3 and r.anomalies == 8 and not r.done()  # test 3 runs: its clock started at test 2's line
-    r.feed(b"n0 value 3 " + b"1" * 1000)  # split across reads
-    r.feed(b"1\n")
-    assert r.outcomes[3] == ["value", "1" * 1001] and r.done()
+    assert r.current == 3 and r.anomalies == 9 and not r.done()  # test 3 runs: its clock started at test 2's line
+    r.feed(b"n0 fail 3 " + b"A" * 50)  # split across reads
+    r.feed(b"B\n")
+    assert r.outcomes[3] == ["fail", "A" * 50 + "B"] and r.done()
+    programs = sb._Reports("n0", 1, judged=False)  # stdin tests: the child's lines, never a verdict
+    programs.feed(lines("n0", "ok 0", "pass 1", "value 1 \"6\""))
+    assert programs.outcomes == [["ok"], ["value", '"6"']] and programs.anomalies == 1
     out = r.summary("ok", 0, 0.0, "none")
-    assert out["status"] == "ok" and out["anomalies"] == 8 and out["total"] == 3 and len(out["outcomes"]) == 3
+    assert out["status"] == "ok" and out["anomalies"] == 9 and out["total"] == 3 and len(out["outcomes"]) == 3
 
 
 def test_oversize_line_dropped_and_phase0_twice_is_an_error() -> None:
-    r = sb._Reports("n0", 1)
+    r = sb._Reports("n0", 1, judged=False)
     r.feed(b"n0 value 1 " + b"9" * (sb.VALUE_CAP + 1000))  # no honest line is that long
     r.feed(b"9" * 10 + b"\n" + lines("n0", "ok 0", "ok 0"))
     assert r.outcomes[1] is None and r.outcomes[0] == ["error", "reported twice"] and r.done()
