@@ -1,12 +1,14 @@
 """The execution reward attacked as a policy optimising it would: each row is an honest-but-wrong (or no-op)
 solution and its attack, the same code plus a way to fool the checker. Every attack must score no more than its
-honest version through verl's entry point (rewards.code.compute_score, on a function problem and on a stdin/stdout
-problem) and through `hpc-grpo eval --tasks humaneval`'s scoring path (humaneval.score_samples: pass@1, and the
-tests each sample passed). Where an attack forges outputs (a value it cannot know to be
-right), its honest version is the code that returns that value. Rows with an `effect` also show, from the
-sandbox's raw report, that the attack really reached the harness (so a row cannot pass because its attack broke).
+honest version through verl's entry point (rewards.code.compute_score, on a function problem, on tests that run
+whole (LOOPS), on a problem whose prompt gives a helper and on a stdin/stdout problem) and through `hpc-grpo eval
+--tasks humaneval`'s scoring path (humaneval.score_samples: pass@1, and the tests each sample passed). Where an
+attack forges outputs (a value it cannot know to be right), its honest version is the code that returns that value.
+Rows with an `effect` also show, from the sandbox's raw report, that the attack really reached the harness (so a row
+cannot pass because its attack broke). The rows the judge stops (the test's frame, bytecode, comparisons and round
+trips) have a control: run the way tests ran before the judge, whole in the solution's interpreter, each wins.
 
-test_table_as_unprivileged_user runs the two table tests again as hpcgrpo-user (setpriv; created when missing),
+test_table_as_unprivileged_user runs the table again as hpcgrpo-user (setpriv; created when missing),
 the normal case on a cluster. Rows with `isolation` read the answers from outside the process (the HumanEval file in
 the venv; the scorer's memory, readable by the same user): the protocol cannot stop those, the sandbox's isolation
 does (a minimal private root, a PID namespace with its own /proc, for a normal user too). Before
@@ -197,8 +199,8 @@ for _ in range(16):
             os.write(fd, junk)
         except OSError:
             pass
-'''), effect=lambda r: r["status"] == "report_too_large"),
-    Row("huge_output", NONE, fn("return 'x' * (2 << 20)"), effect=outcomes("toolarge")),
+'''), effect=lambda r: "oversize" in r.get("error", "")),  # the judge's first line was a MiB of junk
+    Row("huge_output", NONE, fn("return 'x' * (2 << 20)"), effect=failed_with("toolarge")),
     Row("self_referential_output", NONE, fn("x = []\nx.append(x)\nreturn x"), effect=failed_with("unencodable")),
     Row("deeply_nested_output", NONE, fn("x = []\nfor _ in range(10000):\n    x = [x]\nreturn x"),
         effect=failed_with("unencodable")),
@@ -312,7 +314,7 @@ if h:
         h["report"](f"pass {i}")
     os._exit(0)
 print(0)
-''', kind="program", effect=lambda r: all(o == ["ok"] for o in r["outcomes"])),
+''', kind="program", effect=lambda r: r.get("anomalies", 0) > 0),  # its forged verdicts: not a program's to send
     Row("program_huge_print", "print(0)", "print('x' * (4 << 20))", kind="program", effect=outcomes("toolarge")),
     Row("program_exit_after_wrong_answer", "print(0)", "import sys\nprint(0)\nsys.exit(0)", kind="program"),
 ]
