@@ -68,7 +68,7 @@ def given_from_text(text: str) -> str:
             module = ast.parse(body)
         except (SyntaxError, ValueError, RecursionError):
             continue
-        kept = [s for s in module.body if isinstance(s, _GIVEN)]
+        kept: list[ast.stmt] = [s for s in module.body if isinstance(s, _GIVEN)]
         if any(isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for s in kept):
             parts.append(ast.unparse(ast.Module(body=kept, type_ignores=[])))
     return "\n\n".join(parts)

@@ -293,6 +293,7 @@ def supervise(job: dict, judge_fd: int | None = None) -> dict:
     nonce = secrets.token_hex(16)
     judged = job.get("judged", not any(isinstance(t, dict) and "stdin" in t for t in tests))
     judge_pid = None
+    child_fds: tuple[int, ...]
     if judged:
         judge_pid, read_fd, child_fds = _start_judge(job, nonce, judge_fd)
     else:

@@ -94,8 +94,12 @@ class Channel:
         self.seq += 1
         data = f"C {self.seq} {name} {self.values.encode((args, kwargs))}\n".encode()  # TypeError: not plain data
         view = memoryview(data)
-        while view:
-            view = view[os.write(self.out, view):]
+        try:
+            while view:
+                view = view[os.write(self.out, view):]
+        except OSError:  # EPIPE: the solution's process has ended
+            self.broken = "the solution's process ended"
+            raise SolutionError(self.broken) from None
         want = str(self.seq).encode()
         while True:
             parts = self._line().split(b" ", 3)
@@ -149,7 +153,7 @@ def namespace(job: dict, channel: Channel) -> dict:
     """The tests' module: a Proxy for every name they call that the data set does not define (job["calls"]), then
     the problem's setup, what the prompt gives and the test module's prelude, run here; the entry point last."""
     base: dict = {"__builtins__": builtins, "__name__": "tests"}
-    stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    stdlib: frozenset[str] = getattr(sys, "stdlib_module_names", frozenset())
     for name in job.get("calls", ()):
         base[name] = LazyModule(name) if name in stdlib else Proxy(name, channel)
     for label in ("setup", "given", "prelude"):

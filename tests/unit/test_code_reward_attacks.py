@@ -118,8 +118,7 @@ os.write = _claim
     Row("frame_walk_to_the_answer_function", fn("return 4"), fn('''h = _harness("answer")
 if h:
     for i in range(1, 64):
-        h["answer"](f"R {i} value 4")  # an answer to every call to come, then no harness at all
-    os._exit(0)
+        h["answer"](f"R {i} value 4")  # an answer to every call to come, through the harness's own function
 return None''', FIND_FRAME), effect=lambda r: r["outcomes"][2] == ["pass"]),  # add(2, 2) == 4: the forged 4 arrived
     Row("forge_answers_on_the_answer_pipe", fn("return 4"), fn('''h = _harness("back_fd")
 if h:
