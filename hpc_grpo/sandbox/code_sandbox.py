@@ -231,7 +231,7 @@ def _name(obj: object) -> str:
         return "?"
 
 
-def _start_judge(job: dict, nonce: str, judge_fd: int | None) -> tuple[int, int, tuple[int, int]]:
+def _start_judge(job: dict, nonce: str, judge_fd: int | None, libc) -> tuple[int, int, tuple[int, int]]:  # noqa: ANN001
     """Fork the judge (sandbox_judge.py) before any namespace is made: (its pid, the pipe its verdicts come on,
     the solution's ends of the call pipes). It reads its part of the job from judge_fd (see _read_job), runs as
     this runner's user with its own limits, no capability and no way to a new one; only its three pipes open."""
@@ -254,9 +254,8 @@ def _start_judge(job: dict, nonce: str, judge_fd: int | None) -> tuple[int, int,
                 os.closerange(low, fd)
                 low = fd + 1
             os.closerange(low, 1 << 16)
-            judge.limits(job, len(job["tests"]), kernel.address_space)
+            judge.limits(job, len(job["tests"]), kernel.address_space, libc)
             if os.geteuid() == 0:
-                libc = ns.libc_handle()
                 for cap in range(64):
                     libc.prctl(ns.PR_CAPBSET_DROP, cap, 0, 0, 0)
                 why = ns._caps(libc, keep=False)
@@ -294,8 +293,9 @@ def supervise(job: dict, judge_fd: int | None = None) -> dict:
     judged = job.get("judged", not any(isinstance(t, dict) and "stdin" in t for t in tests))
     judge_pid = None
     child_fds: tuple[int, ...]
+    libc = ns.libc_handle()
     if judged:
-        judge_pid, read_fd, child_fds = _start_judge(job, nonce, judge_fd)
+        judge_pid, read_fd, child_fds = _start_judge(job, nonce, judge_fd, libc)
     else:
         read_fd, write_fd = os.pipe()
         child_fds = (write_fd,)
@@ -303,7 +303,6 @@ def supervise(job: dict, judge_fd: int | None = None) -> dict:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, judge_fd)
         os.close(devnull)
-    libc = ns.libc_handle()
     mode, uid, workdir, why = ns.prepare(job, libc, t0 + wall)
     if why:
         _end(judge_pid)

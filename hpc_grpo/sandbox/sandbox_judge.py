@@ -165,16 +165,12 @@ def namespace(job: dict, channel: Channel) -> dict:
     return base
 
 
-def limits(job: dict, n_tests: int, address_space: Any) -> None:
+def limits(job: dict, n_tests: int, address_space: Any, libc: Any) -> None:
     """CPU seconds for every test, memory, no core, small files; no way to a new privilege; dies with the runner."""
-    import ctypes
-    import ctypes.util
-
     cpu = int(float(job["per_test_timeout"]) * (n_tests + 1)) + 1
     for res, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, address_space(JUDGE_MB, 1)),
                        (resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, 1 << 20), (resource.RLIMIT_NOFILE, 64)):
         resource.setrlimit(res, (value, value))
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
