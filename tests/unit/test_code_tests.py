@@ -254,3 +254,27 @@ def test_runner_end_to_end_judges_with_proxies() -> None:
     report = read_report(proc, json.dumps(job).encode(), len(tests), 60)
     assert report["status"] == "ok", report
     assert report["outcomes"] == [["pass"]] * 5, report
+
+
+def run_job(job: dict, n: int) -> dict:
+    import subprocess
+    import sys
+
+    from hpc_grpo.rewards.code import SANDBOX
+    from hpc_grpo.rewards.code_report import read_report
+
+    proc = subprocess.Popen([sys.executable, "-I", "-S", str(SANDBOX)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    return read_report(proc, json.dumps(job).encode(), n, 60)
+
+
+def test_the_judge_is_bounded() -> None:
+    """The judge has limits of its own: memory (a GiB in a test is a MemoryError there, a failed test) and the
+    per-test deadline, enforced from outside it (a test that never ends is a timeout, the judge killed)."""
+    job = {"code": "def f(x):\n    return x\n", "calls": ["f"], "entry": "f", "per_test_timeout": 1.0, "memory_mb": 512,
+           "tests": [{"test": "assert f(1) == 1"}, {"test": "x = bytearray(1 << 30)"}, {"test": "while True:\n    f(1)"},
+                     {"test": "assert f(2) == 2"}]}
+    report = run_job(job, 4)
+    assert report["outcomes"][:2] == [["pass"], ["fail", "MemoryError"]], report
+    assert report["status"] == "timeout" and report["timed_out_in"] == 3 and report["outcomes"][2:] == [None, None]
+    assert report["seconds"] < 5
