@@ -233,13 +233,8 @@ def test_collect_bounds_the_whole_report() -> None:
 
 def test_runner_end_to_end_judges_with_proxies() -> None:
     """The real runner: the judge runs loops, comprehensions and the prompt's helper; a solution that writes a forged
-    answer on its pipe only answers its own call (as returning it would), the harness's own answer then skipped; one that raises fails that test and no other."""
-    import subprocess
-    import sys
-
-    from hpc_grpo.rewards.code import SANDBOX
-    from hpc_grpo.rewards.code_report import read_report
-
+    answer on its pipe only answers its own call (as returning it would), the harness's own answer then skipped;
+    one that raises fails that test and no other."""
     code = ("import sys, os\ndef f(x):\n    if x == 2:\n        fr = sys._getframe(1)\n"
             "        back = fr.f_locals.get('back_fd')\n        if back is not None:\n"
             "            os.write(back, b'R 2 value [2]\\n')\n"
@@ -249,9 +244,7 @@ def test_runner_end_to_end_judges_with_proxies() -> None:
     plan = plan_for({"tests": tests, "entry_point": "f", "prompt_code": "def rev(t):\n    return t[::-1]\n"})
     job = {"code": code, "tests": [t.job for t in plan.tests], "calls": list(plan.calls), "entry": "f",
            "given": plan.given, "per_test_timeout": 2.0, "memory_mb": 512}
-    proc = subprocess.Popen([sys.executable, "-I", "-S", str(SANDBOX)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    report = read_report(proc, json.dumps(job).encode(), len(tests), 60)
+    report = run_job(job, len(tests))
     assert report["status"] == "ok", report
     assert report["outcomes"] == [["pass"]] * 5, report
 
