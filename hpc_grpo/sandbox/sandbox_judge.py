@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # annotations only
 
 JUDGE_MB = 256  # the judge's memory above the interpreter: tests, and decoded values of at most VALUE_CAP bytes each
 LINE_SLACK = 256  # a response line's words besides its value
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 # What the solution raised, raised again here by the same builtin class; anything else is a SolutionError. Never
 # StopIteration: raised from inside map() it would end the iteration (`all(map(candidate, xs))` would hold).
 RERAISED = frozenset({"ArithmeticError", "AssertionError", "AttributeError", "EOFError", "Exception", "IndexError",
@@ -166,13 +166,15 @@ def namespace(job: dict, channel: Channel) -> dict:
 
 
 def limits(job: dict, n_tests: int, address_space: Any, libc: Any) -> None:
-    """CPU seconds for every test, memory, no core, small files; no way to a new privilege; dies with the runner."""
+    """CPU seconds for every test, memory, no core, small files; no way to a new privilege; dies with the runner;
+    not dumpable (a process of the same user, the code under limits-only, cannot read its memory or trace it)."""
     cpu = int(float(job["per_test_timeout"]) * (n_tests + 1)) + 1
     for res, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, address_space(JUDGE_MB, 1)),
                        (resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, 1 << 20), (resource.RLIMIT_NOFILE, 64)):
         resource.setrlimit(res, (value, value))
     libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 def run(job: dict, call_fd: int, back_fd: int, verdict_fd: int, nonce: str, values: Any) -> None:
