@@ -44,6 +44,9 @@ RERAISED = frozenset({"ArithmeticError", "AssertionError", "AttributeError", "EO
                       "OverflowError", "RecursionError", "RuntimeError", "TypeError", "UnicodeError",
                       "UnicodeDecodeError", "UnicodeEncodeError", "UnboundLocalError", "ValueError",
                       "ZeroDivisionError"})
+# Not in the tests' builtins: a test that handed a returned string to one of these would run the solution's text in
+# the judge, beside the verdicts.
+WITHHELD = ("eval", "exec", "compile", "breakpoint", "input")
 _WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_. ")
 
 
@@ -152,7 +155,8 @@ class LazyModule:
 def namespace(job: dict, channel: Channel) -> dict:
     """The tests' module: a Proxy for every name they call that the data set does not define (job["calls"]), then
     the problem's setup, what the prompt gives and the test module's prelude, run here; the entry point last."""
-    base: dict = {"__builtins__": builtins, "__name__": "tests"}
+    own = {k: v for k, v in vars(builtins).items() if k not in WITHHELD}
+    base: dict = {"__builtins__": own, "__name__": "tests"}
     stdlib: frozenset[str] = getattr(sys, "stdlib_module_names", frozenset())
     for name in job.get("calls", ()):
         base[name] = LazyModule(name) if name in stdlib else Proxy(name, channel)

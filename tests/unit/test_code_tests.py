@@ -262,12 +262,13 @@ def run_job(job: dict, n: int) -> dict:
 
 
 def test_the_judge_is_bounded() -> None:
-    """The judge has limits of its own: memory (a GiB in a test is a MemoryError there, a failed test) and the
-    per-test deadline, enforced from outside it (a test that never ends is a timeout, the judge killed)."""
+    """The judge has limits of its own: memory (a GiB in a test is a MemoryError there, a failed test), no eval or
+    exec for the tests (a returned string is never run there) and the per-test deadline, enforced from outside it
+    (a test that never ends is a timeout, the judge killed)."""
     job = {"code": "def f(x):\n    return x\n", "calls": ["f"], "entry": "f", "per_test_timeout": 1.0, "memory_mb": 512,
-           "tests": [{"test": "assert f(1) == 1"}, {"test": "x = bytearray(1 << 30)"}, {"test": "while True:\n    f(1)"},
-                     {"test": "assert f(2) == 2"}]}
-    report = run_job(job, 4)
-    assert report["outcomes"][:2] == [["pass"], ["fail", "MemoryError"]], report
-    assert report["status"] == "timeout" and report["timed_out_in"] == 3 and report["outcomes"][2:] == [None, None]
+           "tests": [{"test": "assert f(1) == 1"}, {"test": "x = bytearray(1 << 30)"}, {"test": "eval(f('1'))"},
+                     {"test": "while True:\n    f(1)"}, {"test": "assert f(2) == 2"}]}
+    report = run_job(job, 5)
+    assert report["outcomes"][:3] == [["pass"], ["fail", "MemoryError"], ["fail", "NameError"]], report  # no eval
+    assert report["status"] == "timeout" and report["timed_out_in"] == 4 and report["outcomes"][3:] == [None, None]
     assert report["seconds"] < 5
