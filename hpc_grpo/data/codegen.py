@@ -6,13 +6,15 @@ Accepted record layouts (JSON array or JSONL, or a Hugging Face dataset id `hf:N
 - APPS/TACO: {"problem_id"?, "question", "input_output": "{\"inputs\": [...], \"outputs\": [...], \"fn_name\"?}"}
 - HumanEval: {"task_id", "prompt", "test", "entry_point"}  (evaluation and CPU tests only)
 Each becomes one prompt (a user message asking for a ```python block) and one ground-truth JSON string
-that hpc_grpo/rewards/code.py runs. Prompts longer than max_prompt_tokens (chat template applied,
+that hpc_grpo/rewards/code.py runs. A natural-language prompt (no code field) that shows definitions in a fenced
+Python block gives them: they go to the ground truth as "given" (given_from_text), out of the completion's reach. Prompts longer than max_prompt_tokens (chat template applied,
 as the trainer sees them) are dropped, like verl's filter_overlong_prompts does for GSM8K.
 Stdlib only at import time.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -21,7 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from hpc_grpo.rewards.code import DATA_SOURCE
+from hpc_grpo.rewards.code import DATA_SOURCE, fences
 from hpc_grpo.common.atomic import atomic_write
 from hpc_grpo.data.gsm8k import DataError, PrepareResult, _write_jsonl, _write_parquet
 
@@ -50,8 +52,37 @@ def _bad(source: str, line: int | None, problem: str) -> DataError:
                      "or use the MBPP (text, test_list), APPS/TACO (question, input_output) or HumanEval layout")
 
 
+_GIVEN = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign)
+
+
+def given_from_text(text: str) -> str:
+    """The definitions a natural-language prompt shows in its fenced Python blocks (a helper such as `encode` for
+    a `decode` task): the reward runs them in its judge, where the tests call them, and after the completion, so a
+    completion cannot redefine them (it leaves out the entry point and stubs: rewards/code_tests.given_code). Only
+    definitions and imports: an example call in the fence is not kept."""
+    parts = []
+    for lang, body in fences(text):
+        if lang.lower() not in ("", "python", "py", "python3"):
+            continue
+        try:
+            module = ast.parse(body)
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+        kept: list[ast.stmt] = [s for s in module.body if isinstance(s, _GIVEN)]
+        if any(isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for s in kept):
+            parts.append(ast.unparse(ast.Module(body=kept, type_ignores=[])))
+    return "\n\n".join(parts)
+
+
 def normalize(obj: Any, source: str, line: int | None) -> dict[str, Any]:
-    """One record of any accepted layout -> {id, text, tests, entry_point, setup, prompt_code}."""
+    """One record of any accepted layout -> {id, text, tests, entry_point, setup, prompt_code, given}."""
+    problem = _normalize(obj, source, line)
+    has_code = problem["prompt_code"] or not problem["entry_point"]
+    problem["given"] = "" if has_code else given_from_text(problem["text"])
+    return problem
+
+
+def _normalize(obj: Any, source: str, line: int | None) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise _bad(source, line, f"expected a JSON object, got {type(obj).__name__}")
     rid = str(obj.get("id", obj.get("task_id", obj.get("problem_id", line or 0))))
@@ -156,7 +187,7 @@ def make_prompt(problem: dict[str, Any]) -> list[dict[str, str]]:
 
 def ground_truth(problem: dict[str, Any]) -> str:
     gt = {"tests": problem["tests"], "entry_point": problem.get("entry_point")}
-    for key in ("setup", "prompt_code"):
+    for key in ("setup", "prompt_code", "given"):
         if problem.get(key):
             gt[key] = problem[key]
     return json.dumps(gt, ensure_ascii=False)

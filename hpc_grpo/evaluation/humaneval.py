@@ -8,11 +8,10 @@ pass@k = E[1 - C(n-c, k) / C(n, k)] over problems, n samples of which c pass.
 Entry points: evaluate_humaneval (one model), evaluate_run (base beside the trained policy of a run),
 both returning JSON-ready dicts. Heavy imports stay inside the functions.
 
-The scoring is the training reward's, protection included: each `check(candidate)` body is split into its
-asserts (hpc_grpo/rewards/code_tests.py), the calls run in the sandbox and the expected values stay here, so a
-sample that learned to fool a checker gains no pass@k. The few statements that cannot be split (HumanEval/32,
-38 and 50 wholly; loops in 33, 44, 53, 151) run as one test beside the code; the report counts them
-(weak_tests, and per task).
+The scoring is the training reward's, protection included: each `check(candidate)` runs in the judge process
+(hpc_grpo/rewards/code_tests.py), one test per assert and one for its loops and helper variables, and only the
+calls into the sample cross to the sandbox, by value, so a sample that learned to fool a checker gains no pass@k.
+The prompt's helpers (HumanEval/32's poly, 38's encode_cyclic, 50's encode_shift) run in the judge too.
 """
 
 from __future__ import annotations
@@ -73,23 +72,23 @@ def score_samples(problems: Sequence[dict[str, Any]], samples: Sequence[Sequence
     gts = [ground_truth(p) for p in problems]
     scores = score_batch([t for _, t in flat], [gts[i] for i, _ in flat], weights, workers)
     passed = [0] * len(problems)
-    tests, weak = [0] * len(problems), [0] * len(problems)
+    tests = [0] * len(problems)
     tests_passed: list[list[int]] = [[] for _ in problems]
     kinds: dict[str, int] = {}
     isolation = None
     for (i, _), s in zip(flat, scores):
         passed[i] += s.kind == "passed"
-        tests[i], weak[i] = s.total, s.weak
+        tests[i] = s.total
         tests_passed[i].append(s.passed)
         kinds[s.kind] = kinds.get(s.kind, 0) + 1
         isolation = isolation or s.detail.get("isolation")
     n = min(len(t) for t in samples) if samples else 0
     out: dict[str, Any] = {"problems": len(problems), "samples_per_problem": n, "outcomes": kinds, "isolation": isolation,
-                           "tests": sum(tests), "weak_tests": sum(weak)}
+                           "tests": sum(tests)}
     for k in ks:
         if 1 <= k <= n:
             out[f"pass@{k}"] = sum(pass_at_k(len(samples[i]), passed[i], k) for i in range(len(problems))) / len(problems)
-    out["per_task"] = [{"task_id": p["id"], "passed": passed[i], "n": len(samples[i]), "tests": tests[i], "weak": weak[i],
+    out["per_task"] = [{"task_id": p["id"], "passed": passed[i], "n": len(samples[i]), "tests": tests[i],
                         "tests_passed": tests_passed[i]} for i, p in enumerate(problems)]
     return out
 
@@ -174,5 +173,4 @@ def task_scores(model_dir: str, limit: int | None = None, n: int = 1, ks: Sequen
                            batch_size=batch_size)
     scores = {f"pass@{k}": r[f"pass@{k}"] for k in ks if f"pass@{k}" in r}
     return {"humaneval": {**scores, "n": r["problems"], "samples_per_problem": r["samples_per_problem"],
-                          "outcomes": r["outcomes"], "isolation": r["isolation"], "tests": r["tests"],
-                          "weak_tests": r["weak_tests"]}}
+                          "outcomes": r["outcomes"], "isolation": r["isolation"], "tests": r["tests"]}}

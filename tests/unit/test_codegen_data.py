@@ -28,9 +28,6 @@ def test_shipped_problems_are_small_and_solvable() -> None:
     assert len(problems) == 16 and len({p["entry_point"] for p in problems}) == 16
     refs = {"add_two": "return a + b", "is_even": "return n % 2 == 0", "largest": "m = xs[0]\n    for x in xs: m = x if x > m else m\n    return m"}
     sigs = {"add_two": "a, b", "is_even": "n", "largest": "xs"}
-    from hpc_grpo.rewards.code_tests import plan_for
-
-    assert all(plan_for(p).weak == 0 for p in problems)  # every test splits: no answer enters the sandbox
     for p in problems:
         if p["entry_point"] in refs:
             code = f"```python\ndef {p['entry_point']}({sigs[p['entry_point']]}):\n    {refs[p['entry_point']]}\n```"
@@ -71,6 +68,26 @@ def test_mbpp_apps_taco_humaneval_layouts(tmp_path: Path) -> None:
                              {"task_id": 3, "text": "t", "test_list": ["assert g(1) == 1"]}]))
     res = prepare_codegen(str(f), tmp_path / "o", test_every=0)
     assert (res.n_train, res.n_test) == (2, 2)
+
+
+def test_fenced_definitions_of_a_prompt_are_given() -> None:
+    """A natural-language prompt that shows a helper in a fence: the helper is the problem's (run by the judge and
+    after the completion), so a completion that redefines it beside an identity decode gains nothing; the honest
+    inverse passes. A fence's example call is not kept; a prompt with a code field takes nothing from its text."""
+    from hpc_grpo.data.codegen import ground_truth
+
+    prompt = ("Here is the encoder:\n```python\ndef encode(s):\n    return s[::-1]\n\nprint(encode('ab'))\n```\n"
+              "Write `decode(s)`, its inverse.")
+    p = normalize({"id": "d", "prompt": prompt, "entry_point": "decode",
+                   "tests": ["assert decode(encode('hello')) == 'hello'", "assert decode('cba') == 'abc'"]}, "x", 1)
+    assert "def encode" in p["given"] and "print" not in p["given"]
+    gt = ground_truth(p)
+    honest = score_completion("```python\ndef decode(s):\n    return s[::-1]\n```", gt)
+    attack = score_completion("```python\ndef encode(s):\n    return s\n\ndef decode(s):\n    return s\n```", gt)
+    assert (honest.score, attack.score) == (1.0, 0.0), (honest, attack)
+    coded = normalize({"id": "c", "prompt": prompt, "prompt_code": "def decode(s):\n", "entry_point": "decode",
+                       "tests": ["assert decode('a') == 'a'"]}, "x", 1)
+    assert coded["given"] == ""
 
 
 def test_overlong_prompts_dropped(tmp_path: Path) -> None:

@@ -36,13 +36,13 @@ FORGE = '''
 import sys, os
 def _forge(payload):
     f = sys._getframe(0)
-    while f is not None and "nonce" not in f.f_locals:
+    while f is not None and "back_fd" not in f.f_locals:
         f = f.f_back
     if f is None:
         return
     loc = f.f_locals
-    for i in range(1, len(loc["job"]["tests"]) + 1):
-        os.write(loc["report_fd"], (loc["nonce"] + " value " + str(i) + " ").encode() + payload + b"\\n")
+    for i in range(1, len(loc["job"]["tests"]) + 1):  # an answer to every call, on the pipe to the judge
+        os.write(loc["back_fd"], ("R " + str(i) + " value ").encode() + payload + b"\\n")
     os._exit(0)
 '''
 
@@ -74,11 +74,12 @@ ATTACKS: dict[str, tuple[str, dict]] = {  # name -> (1 MB completion, problem)
     "backticks": ("`" * MB, ADD),
     "unterminated_fence_code": ("```python\n" + "x = 1\n" * ((MB - 10) // 6), ADD),
     "many_fences": ("```\n" * (MB // 4), ADD),
-    "colliding_set": (pad(fenced(FORGE + f"_forge({colliding('s')!r}.encode())\ndef add(a, b):\n    return 0\n")), ADD),
-    "colliding_frozenset": (pad(fenced(FORGE + f"_forge({colliding('f')!r}.encode())\ndef add(a, b):\n    return 0\n")),
+    "colliding_set": (pad(fenced(FORGE + f"def add(a, b):\n    _forge({colliding('s')!r}.encode())\n    return 0\n")),
+                      ADD),
+    "colliding_frozenset": (pad(fenced(FORGE + f"def add(a, b):\n    _forge({colliding('f')!r}.encode())\n    return 0\n")),
                             ADD),
-    "colliding_dict": (pad(fenced(FORGE + f"_forge({colliding('d')!r}.encode())\ndef add(a, b):\n    return 0\n")), ADD),
-    "deep_lists": (pad(fenced(FORGE + "_forge(b'[' + b'[],' * (1 << 18) + b'[]]')\ndef add(a, b):\n    return 0\n")), ADD),
+    "colliding_dict": (pad(fenced(FORGE + f"def add(a, b):\n    _forge({colliding('d')!r}.encode())\n    return 0\n")), ADD),
+    "deep_lists": (pad(fenced(FORGE + "def add(a, b):\n    _forge(b'[' + b'[],' * (1 << 18) + b'[]]')\n    return 0\n")), ADD),
     "forty_outputs_of_quotes": (pad(fenced("def add(a, b):\n    return '\"' * ((1 << 19) - 16)\n")), FORTY),
     "forty_printed_quotes": (pad(fenced("print('\"' * ((1 << 19) - 16))\n")), IO40),
     "forty_printed_tokens": (pad(fenced("print('10 ' * ((1 << 20) // 3 - 8))\n")), IO40),
