@@ -27,8 +27,9 @@ def sweep(
     schema: SchemaT = True,
     as_json: JsonT = False,
 ) -> None:
-    """Sweep a recipe over key=[a,b,...] values as one Slurm job array; every member is planned before anything is
-    queued, and each is an ordinary run in the sweep's folder. `sweep status SWEEP` shows the members."""
+    """Sweep a recipe over listed values (key=[a,b]) as one Slurm job array, each member an ordinary run.
+
+    Every member is planned before anything is queued; `sweep status SWEEP` shows the members."""
     items = list(args or [])
     if items and items[0] == "status":
         if len(items) != 2:
@@ -75,8 +76,8 @@ def sweep_status(name: str, as_json: bool) -> None:
         return
     out.print(f"[bold]Sweep {manifest.name}[/]: {len(rows)} members ({manifest.how}), arrays "
               + ", ".join(f"{a['job_id']} ({a['purpose']})" for a in manifest.arrays) + f"; {folder}")
-    best = [r for r in rows if r.best is not None]
-    top = (max if manifest.mode == "max" else min)(best, key=lambda r: r.best).index if best else None
+    best = [(r.best, r.index) for r in rows if r.best is not None]
+    top = (max if manifest.mode == "max" else min)(best)[1] if best else None
     print_rows(f"Members (best {manifest.metric}, {manifest.mode})",
                ("#", "overrides", "state", "job", "step", f"best {manifest.metric}", "why stopped"),
                [(("*" if r.index == top else "") + str(r.index), " ".join(r.overrides), r.state, _fmt(r.job_id),

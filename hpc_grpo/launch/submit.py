@@ -337,7 +337,7 @@ class SweepArrayExecutor(TemplateSlurmExecutor):
             pickles.append(path)
         first = self._submit_command(self._submitit_command_str)
         tasks = list(range(self._num_tasks()))
-        jobs = [submitit.SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{i}", tasks=tasks) for i in self.indices]
+        jobs: list[Any] = [submitit.SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{i}", tasks=tasks) for i in self.indices]
         for job, path in zip(jobs, pickles):
             job.paths.move_temporary_file(path, "submitted_pickle")
         return jobs

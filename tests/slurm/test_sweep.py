@@ -31,9 +31,9 @@ SHRINK = [f"train.total_training_steps={STEPS}", "checkpoint.save_freq=4", "chec
 AXES = ["grpo.lr=[1e-2,2e-2]", "grpo.n=[2,4]"]
 
 
-def cli(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", *args], capture_output=True, text=True, env=env.env, cwd=env.root,
-                          timeout=180, stdin=subprocess.DEVNULL, check=False)
+def cli(e: Env, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", *args], capture_output=True, text=True,
+                          env=e.env, cwd=e.root, timeout=180, stdin=subprocess.DEVNULL, check=False)
 
 
 def sacct_intervals(array_id: str) -> list[tuple[str, float, float]]:
