@@ -28,9 +28,10 @@ from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout, runs
 from hpc_grpo.common.atomic import write_json_atomic, write_text_atomic as write_atomic
 from hpc_grpo.runstate.checkpoints import Checkpoint
-from hpc_grpo.runstate.metrics import parse_record
+from hpc_grpo.runstate.metrics import parse_record, read_raw
 from hpc_grpo.engines.trl import TrlEngine, grpo_config_kwargs, lora_config_kwargs
 from hpc_grpo.job import disk, prepare_resume, save_signal
+from hpc_grpo.job.early_stop import Plateau
 from hpc_grpo.runstate.prune import job_prune
 from hpc_grpo.runstate import save_request
 from hpc_grpo.config.spec import RunSpec
@@ -124,11 +125,23 @@ def load_train_dataset(spec: RunSpec) -> Any:
     jsonl/json as written by `prepare_gsm8k` for trl; parquet in verl's layout also works: its
     reward_model.ground_truth becomes the ground_truth column.
     """
+    return load_rows(Path(spec.recipe.data.train_list[0]), "data.train_files")  # plan refuses a list for trl
+
+
+def load_val_dataset(spec: RunSpec) -> Any:
+    """train.early_stop's validation set: the first early_stop.val_rows rows of data.val_files."""
+    stop = spec.recipe.train.early_stop
+    assert stop is not None
+    ds = load_rows(Path(spec.recipe.data.val_list[0]), "data.val_files")
+    return ds.select(range(min(stop.val_rows, len(ds))))
+
+
+def load_rows(path: Path, key: str) -> Any:
+    """A trl data file's rows, with the columns the reward needs; JobError naming `key` otherwise."""
     from datasets import load_dataset
 
-    path = Path(spec.recipe.data.train_list[0])  # plan refuses a list for trl (engines.trl)
     if not path.is_file():
-        raise JobError(f"data.train_files {path} does not exist: prepare GSM8K first (hpc_grpo.data.gsm8k.prepare_gsm8k)")
+        raise JobError(f"{key} {path} does not exist: prepare GSM8K first (hpc_grpo.data.gsm8k.prepare_gsm8k)")
     kind = "parquet" if path.suffix == ".parquet" else "json"
     ds = load_dataset(kind, data_files=str(path), split="train")
     if "ground_truth" not in ds.column_names and "reward_model" in ds.column_names:
@@ -225,12 +238,32 @@ def build_grpo_config(kwargs: dict[str, Any]) -> Any:
     return GRPOConfig(**kwargs)
 
 
+def write_row(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(row) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def eval_row(step: int, logs: dict[str, Any]) -> dict[str, Any] | None:
+    """A validation's line for metrics.jsonl (trl's eval_* keys, as trl logs them), or None for any other log."""
+    found = {k: float(v) for k, v in logs.items() if k.startswith("eval_") and isinstance(v, (int, float))
+             and not isinstance(v, bool) and math.isfinite(v)}
+    return {"step": step, **found, "time": round(time.time(), 3)} if found else None
+
+
 def metrics_callback(path: Path, max_steps: int) -> Any:
-    """A TrainerCallback that appends one JSON line per logged step and prints a short progress line."""
+    """A TrainerCallback that appends one JSON line per logged step (and one per validation: its eval_* keys at
+    the step it validated) and prints a short progress line."""
     from transformers import TrainerCallback
 
     class MetricsCallback(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+            if state.is_world_process_zero and logs and (row := eval_row(state.global_step, logs)) is not None:
+                write_row(path, row)
+                log(f"validation at step {state.global_step}: " + ", ".join(
+                    f"{k} {v:.4g}" for k, v in row.items() if k.startswith("eval_reward")))
+                return
             if not state.is_world_process_zero or not logs or not ("loss" in logs or "reward" in logs):
                 return  # one writer; and the end-of-training summary has neither key
             row: dict[str, Any] = {"step": state.global_step}
@@ -239,10 +272,7 @@ def metrics_callback(path: Path, max_steps: int) -> Any:
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     row[dst] = float(value) if math.isfinite(value) else None
             row["time"] = round(time.time(), 3)
-            with path.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(row) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            write_row(path, row)
 
             def fmt(key: str) -> str:
                 value = row.get(key)
@@ -253,6 +283,45 @@ def metrics_callback(path: Path, max_steps: int) -> Any:
                 f"lr {fmt('lr')} ({fmt('step_time')} s)")
 
     return MetricsCallback()
+
+
+def early_stop_callback(spec: RunSpec, plateau: Plateau) -> Any:
+    """A TrainerCallback that feeds each validation to `plateau`; on a plateau the trainer saves at this step and
+    stops (transformers saves after evaluating when control.should_save is set, then ends the loop)."""
+    from transformers import TrainerCallback
+
+    metric = plateau.rule.metric
+
+    class EarlyStopCallback(TrainerCallback):
+        def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None,
+                        **kw: Any) -> None:
+            metrics = metrics or {}
+            if metric not in metrics:
+                raise JobError(f"train.early_stop.metric={metric} is not among the validation's metrics ("
+                               f"{', '.join(sorted(metrics))}): set it to one of them")
+            if plateau.update(state.global_step, float(metrics[metric])):
+                log(plateau.reason(state.global_step) + ": saving and stopping")
+                control.should_save = True
+                control.should_training_stop = True
+
+    return EarlyStopCallback()
+
+
+def replayed_plateau(spec: RunSpec) -> Plateau | None:
+    """train.early_stop's state at the job's start: the validations logged before it (metrics.jsonl, already trimmed
+    to the resume step), so a requeue or resume goes on counting."""
+    rule = spec.recipe.train.early_stop
+    if rule is None:
+        return None
+    plateau = Plateau(rule)
+    for step, raw in read_raw(layout.metrics_file(spec.path)).items():
+        value = raw.get(rule.metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            plateau.update(step, float(value))
+    if plateau.seen:
+        log(f"early stopping: {len(plateau.seen)} earlier validation(s) replayed, best {plateau.best:.4g} at step "
+            f"{plateau.best_step}, {plateau.since_best} since")
+    return plateau
 
 
 # --------------------------------------------------------------------------------------------- main
@@ -333,13 +402,14 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
             raise JobError(f"grpo.reward={entry.name} but {spec.recipe.data.train_files} holds rows it cannot score "
                            f"({exc}): prepare it with `hpc-grpo data {entry.data_command}`") from None
 
-    trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal)
+    plateau = replayed_plateau(spec)
+    trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal, plateau)
     result = run_trainer(trainer, spec, resume)
-    return trained(spec, trainer, result, resume, t0, on_signal)
+    return trained(spec, trainer, result, resume, t0, on_signal, plateau)
 
 
 def build_trainer(spec: RunSpec, model_path: str, dataset: Any, use_cpu: bool,
-                  on_signal: save_signal.SaveOnSignal | None) -> Any:
+                  on_signal: save_signal.SaveOnSignal | None, plateau: Plateau | None = None) -> Any:
     """trl's GRPOTrainer for the spec, with our callbacks: one metrics line per step, saves under the checkpoint
     lock, retention after each save, and (with on_signal) a save at the step end after a USR2."""
     from peft import LoraConfig
@@ -353,11 +423,16 @@ def build_trainer(spec: RunSpec, model_path: str, dataset: Any, use_cpu: bool,
     log(f"run {spec.run_name}: device {'cpu' if use_cpu else 'cuda'}, {len(dataset)} prompts, "
         f"max_steps {config.max_steps}, checkpoints in {layout.checkpoints_dir(spec.path)}")
 
+    val = load_val_dataset(spec) if plateau is not None else None
+    if val is not None:
+        log(f"early stopping on {plateau.rule.metric} ({plateau.rule.mode}, patience {plateau.rule.patience}): "
+            f"validating {len(val)} prompts every {spec.recipe.train.test_freq} steps")
     trainer = GRPOTrainer(
         model=model_path,
         reward_funcs=reward_function(spec),
         args=config,
         train_dataset=dataset,
+        eval_dataset=val,
         peft_config=peft_config,
     )
     trainer.remove_callback(PrinterCallback)  # prints every raw log dict; ours prints one line per step
@@ -366,6 +441,8 @@ def build_trainer(spec: RunSpec, model_path: str, dataset: Any, use_cpu: bool,
     trainer.add_callback(prune_callback(run_dir))
     if on_signal is not None:
         trainer.add_callback(save_signal.callback(on_signal))
+    if plateau is not None:
+        trainer.add_callback(early_stop_callback(spec, plateau))
     return trainer
 
 
@@ -385,15 +462,22 @@ def run_trainer(trainer: Any, spec: RunSpec, resume: Checkpoint | None) -> Any:
 
 
 def trained(spec: RunSpec, trainer: Any, result: Any, resume: Checkpoint | None, t0: float,
-            on_signal: save_signal.SaveOnSignal | None) -> dict[str, Any]:
-    """The result of a train() that returned: stopped by a USR2 before the last step, or done (train_done.json)."""
+            on_signal: save_signal.SaveOnSignal | None, plateau: Plateau | None = None) -> dict[str, Any]:
+    """The result of a train() that returned: stopped by a USR2 before the last step, or done (train_done.json),
+    also when it stopped early on a plateau (the reason in train_done.json and in the history)."""
     run_dir = Path(spec.run_dir)
     step = trainer.state.global_step
     if on_signal is not None and on_signal.requested and step < trainer.state.max_steps:
         return stopped_on_signal(run_dir, step, on_signal)
     runtime = float(result.metrics.get("train_runtime", 0.0))
     final = ck.newest_complete(ck.list_checkpoints(run_dir, ENGINE))
-    return finish(spec, step, trainer.state.max_steps, final, resume, t0, runtime)
+    early = plateau.as_dict(step) if plateau is not None and plateau.stop and step < trainer.state.max_steps else None
+    if early is not None:
+        from hpc_grpo.cluster.job_env import job_identity
+
+        job_id, executor = job_identity()
+        runs.append_history(run_dir, job_id, "stopped", executor, note=str(early["reason"]), data=early)
+    return finish(spec, step, trainer.state.max_steps, final, resume, t0, runtime, early)
 
 
 def stopped_on_signal(run_dir: Path, step: int, on_signal: save_signal.SaveOnSignal) -> dict[str, Any]:
@@ -443,9 +527,10 @@ def target_steps(max_steps: int, resume: Checkpoint | None) -> int | None:
 
 
 def finish(spec: RunSpec, step: int, max_steps: int | None, final: Checkpoint | None,
-           resume: Checkpoint | None, t0: float, runtime: float) -> dict[str, Any]:
+           resume: Checkpoint | None, t0: float, runtime: float,
+           early_stop: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write train_done.json: what later steps (prune, export, eval) start from."""
-    done = {
+    done: dict[str, Any] = {
         "run_name": spec.run_name,
         "final_step": step,
         "max_steps": max_steps,
@@ -455,6 +540,8 @@ def finish(spec: RunSpec, step: int, max_steps: int | None, final: Checkpoint | 
         "train_runtime_s": round(runtime, 3),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if early_stop is not None:
+        done["early_stop"] = early_stop
     job_prune(Path(spec.run_dir), "run end", log, grace_s=0)
     write_json_atomic(layout.done_file(spec.run_dir), done)
     log(f"done: step {step}, last checkpoint {done['last_checkpoint']}, {done['wall_time_s']} s")
