@@ -9,6 +9,7 @@ import typer
 
 from hpc_grpo.cli.console import err, out, print_json, print_rows
 from hpc_grpo.cli.options import JsonT, NameT, SchemaT, parse_args, pick_cluster
+from hpc_grpo.cli.run_cmds import BudgetT, escape_text
 
 SweepArgsT = Annotated[list[str] | None, typer.Argument(
     help="recipe=NAME [cluster=NAME] [key=value ...] with axes key=[a,b,...]; or: status SWEEP", show_default=False)]
@@ -26,6 +27,7 @@ def sweep(
     name: NameT = None,
     schema: SchemaT = True,
     as_json: JsonT = False,
+    budget: BudgetT = None,
 ) -> None:
     """Sweep a recipe over listed values (key=[a,b]) as one Slurm job array, each member an ordinary run.
 
@@ -46,8 +48,19 @@ def sweep(
     m = plan.manifest
     out.print(f"[bold]Sweep {m.name}[/]: {len(m.members)} members ({m.how}) of recipe {m.recipe} on {m.cluster}, "
               f"{m.parallel} at a time -> {plan.folder}")
-    print_rows("Members (each planned)", ("#", "run", "overrides"),
-               [(str(x.index), x.name, " ".join(x.overrides)) for x in m.members])
+    print_rows("Members (each planned)", ("#", "run", "overrides", "cost"),
+               [(str(x.index), x.name, " ".join(x.overrides), _gpu_hours(p.cost)) for x, p in zip(m.members, plan.plans)])
+    costs = [(x.name, p.cost) for x, p in zip(m.members, plan.plans)]
+    known = [c.gpu_hours for _, c in costs if c.gpu_hours is not None]
+    if len(known) == len(costs):
+        out.print(f"Cost, every member to its last step (the upper bound): ~{sum(known):.1f} GPU-hours; step time from "
+                  f"{escape_text(costs[0][1].source)}")
+    else:
+        out.print(f"Cost: no prediction ({escape_text(costs[0][1].source)})")
+    if budget is not None:
+        from hpc_grpo.planning.cost import check_budget
+
+        check_budget(costs, budget, what=f"sweep {m.name}")
     if dry_run:
         out.print("Dry run: nothing written or queued.")
         return
@@ -56,6 +69,11 @@ def sweep(
     out.print(f"Job array: {array} ({len(subs)} tasks, %{m.parallel}); eval jobs: "
               + (", ".join(s.eval.job_id for s in subs if s.eval is not None) or "none"))
     out.print(f"Follow it: hpc-grpo sweep status {m.name}    resume the unfinished: hpc-grpo resume {m.name}")
+
+
+def _gpu_hours(cost: Any) -> str:
+    gh = None if cost is None else cost.gpu_hours
+    return "?" if gh is None else f"{gh:.1f} GPU-h"
 
 
 def _fmt(value: Any) -> str:

@@ -259,10 +259,10 @@ def metrics_callback(path: Path, max_steps: int) -> Any:
 
     class MetricsCallback(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
-            if state.is_world_process_zero and logs and (row := eval_row(state.global_step, logs)) is not None:
-                write_row(path, row)
+            if state.is_world_process_zero and logs and (evals := eval_row(state.global_step, logs)) is not None:
+                write_row(path, evals)
                 log(f"validation at step {state.global_step}: " + ", ".join(
-                    f"{k} {v:.4g}" for k, v in row.items() if k.startswith("eval_reward")))
+                    f"{k} {v:.4g}" for k, v in evals.items() if k.startswith("eval_reward")))
                 return
             if not state.is_world_process_zero or not logs or not ("loss" in logs or "reward" in logs):
                 return  # one writer; and the end-of-training summary has neither key
@@ -424,7 +424,7 @@ def build_trainer(spec: RunSpec, model_path: str, dataset: Any, use_cpu: bool,
         f"max_steps {config.max_steps}, checkpoints in {layout.checkpoints_dir(spec.path)}")
 
     val = load_val_dataset(spec) if plateau is not None else None
-    if val is not None:
+    if val is not None and plateau is not None:
         log(f"early stopping on {plateau.rule.metric} ({plateau.rule.mode}, patience {plateau.rule.patience}): "
             f"validating {len(val)} prompts every {spec.recipe.train.test_freq} steps")
     trainer = GRPOTrainer(
