@@ -118,7 +118,10 @@ def run_cost(spec: RunSpec, schedule: object | None) -> Cost:
         source = f"no step-time model for the {spec.recipe.engine} engine: time a short run to know"
     else:
         source = step_time_source(spec)
-    e = eval_spec(spec) if spec.recipe.eval.runs else None
+    try:
+        e = eval_spec(spec) if spec.recipe.eval.runs else None
+    except SpecError:
+        e = None  # an eval placement plan refuses (its own finding says why): no share to count
     eval_gpus = e.gpus_per_node if e is not None else 0
     eval_s = float(e.recipe.resources.time_min * 60) if e is not None else 0.0
     return Cost(steps, step_s, float(STARTUP_S) if step_s else 0.0, gpus, eval_gpus, eval_s,
