@@ -36,6 +36,7 @@ RUNS_ROOT/SWEEP/                    a sweep (`hpc-grpo sweep`): one Slurm job ar
   SWEEP-mI/                 member I: an ordinary run directory (array task I runs it)
   submitit/                 submitit's folder of the array: its batch script and each task's pickle
   scripts/sbatch.sh         the array's batch script, as Slurm received it
+  report.png                `hpc-grpo report SWEEP`: the members' curves overlaid
 """
 
 from __future__ import annotations

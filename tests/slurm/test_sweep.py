@@ -6,7 +6,7 @@ partition (it saves at the next step end and is requeued), and the last member i
 `hpc-grpo resume SWEEP` then queues only that member, as a new array with its own index. The test asserts that
 at most 2 tasks of the array ever ran at once (sacct's allocations), that every member trained to its last step
 in its own run directory, that the preempted member's restart is recorded as a preemption, and what
-`sweep status --json` says of each member.
+`sweep status --json` says of each member, and that `report SWEEP` overlays the members and names the best.
 """
 
 from __future__ import annotations
@@ -134,6 +134,14 @@ def test_sweep_array_two_in_flight_preempted_member_resumes(env: Env) -> None:  
     assert [r["step"] for r in rows] == [STEPS] * 4
     assert [r["job_id"] for r in rows] == [*tasks[:3], resumed[0].job_id]
     assert all(r["stopped"].startswith("trained") and r["best"] is not None for r in rows), rows
+    # the report overlays the members' curves and names the best by the sweep's metric (reward)
+    proc = cli(env, "report", name, "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert [m["name"] for m in report["members"]] == [m.name for m in members]
+    assert all(len(m["reward"]) == STEPS for m in report["members"])
+    best = max(rows, key=lambda r: (r["best"], r["name"]))["name"]
+    assert report["best"] == best and (folder / "report.png").stat().st_size > 0
     # an ordinary run: `status` of one member shows its restart as a preemption
     proc = cli(env, "status", str(members[victim]), "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
