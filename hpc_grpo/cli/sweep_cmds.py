@@ -23,6 +23,9 @@ def sweep(
     metric: Annotated[str, typer.Option("--metric", help="what `sweep status` ranks the members by (a key the "
                                         "engine logs, e.g. reward)")] = "reward",
     mode: Annotated[str, typer.Option("--mode", help="max or min: which end of --metric is best")] = "max",
+    rungs: Annotated[str | None, typer.Option("--rungs", help="successive halving: the steps (e.g. 4,8) at which a "
+                                               "member goes on only within the top 1/eta by --metric")] = None,
+    eta: Annotated[int, typer.Option("--eta", help="successive halving: keep the top 1/eta at each rung")] = 2,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="plan every member and print them; queue nothing")] = False,
     name: NameT = None,
     schema: SchemaT = True,
@@ -42,12 +45,15 @@ def sweep(
 
     recipe, cluster, overrides = parse_args(items)
     plan = plan_sweep(recipe, pick_cluster(cluster), overrides, name, random_k, seed, parallel, schema=schema,
-                      metric=metric, mode=mode)
+                      metric=metric, mode=mode, rungs=parse_rungs(rungs), eta=eta)
     for note in plan.notes:
         err.print(note, markup=False, highlight=False)
     m = plan.manifest
     out.print(f"[bold]Sweep {m.name}[/]: {len(m.members)} members ({m.how}) of recipe {m.recipe} on {m.cluster}, "
               f"{m.parallel} at a time -> {plan.folder}")
+    if m.rungs:
+        out.print(f"Successive halving at steps {', '.join(map(str, m.rungs))}: a member goes on only within the top "
+                  f"1/{m.eta} by {m.metric} ({m.mode}) of the members that reached the rung before it")
     print_rows("Members (each planned)", ("#", "run", "overrides", "cost"),
                [(str(x.index), x.name, " ".join(x.overrides), _gpu_hours(p.cost)) for x, p in zip(m.members, plan.plans)])
     costs = [(x.name, p.cost) for x, p in zip(m.members, plan.plans)]
@@ -71,6 +77,17 @@ def sweep(
     out.print(f"Follow it: hpc-grpo sweep status {m.name}    resume the unfinished: hpc-grpo resume {m.name}")
 
 
+def parse_rungs(text: str | None) -> list[int]:
+    if not text:
+        return []
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        from hpc_grpo.common.yamlio import SpecError
+
+        raise SpecError(f"--rungs {text!r}: steps separated by commas, e.g. --rungs 4,8", key="--rungs") from None
+
+
 def _gpu_hours(cost: Any) -> str:
     gh = None if cost is None else cost.gpu_hours
     return "?" if gh is None else f"{gh:.1f} GPU-h"
@@ -89,7 +106,8 @@ def sweep_status(name: str, as_json: bool) -> None:
     if as_json:
         print_json({"sweep": manifest.name, "folder": str(folder), "recipe": manifest.recipe,
                     "cluster": manifest.cluster, "how": manifest.how, "parallel": manifest.parallel,
-                    "metric": manifest.metric, "mode": manifest.mode, "arrays": manifest.arrays,
+                    "metric": manifest.metric, "mode": manifest.mode, "rungs": manifest.rungs, "eta": manifest.eta,
+                    "arrays": manifest.arrays,
                     "members": [r.as_dict() for r in rows]})
         return
     out.print(f"[bold]Sweep {manifest.name}[/]: {len(rows)} members ({manifest.how}), arrays "

@@ -90,8 +90,31 @@ def check_alike(specs: list[RunSpec], manifest: Manifest) -> None:
                           "of one job array share one batch script: sweep resources in separate sweeps", "resources")
 
 
+def check_halving(specs: list[RunSpec], manifest: Manifest) -> None:
+    """Successive halving compares the members at rung steps by a metric the trl job logs at those steps: a training
+    key every step, an eval_* key only where the member validates (train.early_stop, every train.test_freq steps)."""
+    if not manifest.rungs:
+        return
+    if manifest.eta < 2:
+        raise SpecError(f"--eta {manifest.eta}: at least 2 (a rung keeps the top 1/eta)", key="--eta")
+    for spec, member in zip(specs, manifest.members):
+        t = spec.recipe.train
+        if spec.recipe.engine != "trl":
+            raise _refuse(member, f"is a {spec.recipe.engine} run: successive halving stops trl members only (verl has "
+                          "no hook to save and stop between its steps)", "--rungs")
+        if any(r < 1 or (t.total_training_steps and r >= t.total_training_steps) for r in manifest.rungs):
+            raise _refuse(member, f"trains {t.total_training_steps} steps: every rung ({manifest.rungs}) must be a step "
+                          "before its last", "--rungs")
+        if manifest.metric.startswith("eval_") and (t.early_stop is None or t.test_freq <= 0
+                                                    or any(r % t.test_freq for r in manifest.rungs)):
+            raise _refuse(member, f"does not validate at every rung ({manifest.rungs}): {manifest.metric} is a "
+                          "validation's metric; set train.test_freq dividing the rungs and train.early_stop (a large "
+                          "patience stops by halving only), or rank by a training metric (--metric reward)", "--rungs")
+
+
 def plan_sweep(recipe: str, cluster: str, overrides: list[str], name: str | None, random_k: int | None, seed: int,
-               parallel: int, schema: bool = True, metric: str = "reward", mode: str = "max") -> SweepPlan:
+               parallel: int, schema: bool = True, metric: str = "reward", mode: str = "max",
+               rungs: list[int] | None = None, eta: int = 2) -> SweepPlan:
     """Expand, resolve and plan every member; SpecError (exit 2) naming the first member that fails and why."""
     from hpc_grpo.planning.plan import run_plan
 
@@ -105,7 +128,7 @@ def plan_sweep(recipe: str, cluster: str, overrides: list[str], name: str | None
     members = [Member(i, layout.member_name(sweep, i), combo) for i, combo in enumerate(combos)]
     how = "grid" if random_k is None else f"random {random_k} of {grid.size} (seed {seed})"
     manifest = Manifest(sweep, recipe, cluster, grid.base, dict(grid.axes), members, parallel, how,
-                        metric=metric, mode=mode)
+                        metric=metric, mode=mode, rungs=sorted(set(rungs or [])), eta=eta)
     notes: list[str] = []
     specs: list[RunSpec] = []
     folder = Path()
@@ -117,6 +140,7 @@ def plan_sweep(recipe: str, cluster: str, overrides: list[str], name: str | None
         raise SpecError(f"a sweep named {sweep} already exists at {folder}: `hpc-grpo sweep status {sweep}`, "
                         "`hpc-grpo resume " + sweep + "`, or give another --name", key="--name")
     check_alike(specs, manifest)
+    check_halving(specs, manifest)
     plans = []
     for member, spec in zip(members, specs):
         result = run_plan(spec, schema=schema, for_submit=True)
@@ -193,7 +217,7 @@ def member_row(folder: Path, manifest: Manifest, member: Member) -> MemberRow:
     train = [j for j in st.jobs if j.purpose != "eval"]
     last = train[-1] if train else None
     best, best_step = best_metric(run_dir, st.spec.recipe.engine, manifest.metric, manifest.mode)
-    events = [e for e in runs.read_history(run_dir) if e.purpose == "failed"]
+    events = [e for e in runs.read_history(run_dir) if e.purpose in ("failed", "stopped")]
     if st.trained:
         stopped = st.trained
     elif events:
@@ -240,6 +264,10 @@ def plan_sweep_resume(folder: Path, items: list[str], force: bool) -> SweepResum
         verdict = trained.decide(plan.spec)
         if verdict.trained and not force:
             skipped.append((member, f"trained ({verdict.reason})"))
+            continue
+        halted = [e for e in runs.read_history(run_dir) if e.purpose == "stopped" and e.data.get("halving")]
+        if halted and not force:
+            skipped.append((member, f"{halted[-1].note} (--force resumes it)"))
             continue
         plans.append(plan)
         chosen.append(member)

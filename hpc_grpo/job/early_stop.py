@@ -49,3 +49,25 @@ class Plateau:
         return {"metric": self.rule.metric, "mode": self.rule.mode, "patience": self.rule.patience,
                 "min_delta": self.rule.min_delta, "best": self.best, "best_step": self.best_step,
                 "stopped_at": step, "values": [list(v) for v in self.seen], "reason": self.reason(step)}
+
+
+def rung_cutoff(others: list[float], eta: int, mode: str) -> float | None:
+    """The value a member must reach at a rung to go on: the top 1/eta boundary of the values the other members
+    logged at that rung so far (linear interpolation between ranks); None when none has reached it yet, so the first
+    member at a rung always goes on (asynchronous successive halving: no member waits for the others)."""
+    if not others:
+        return None
+    ordered = sorted(others)
+    q = 1 - 1 / eta if mode == "max" else 1 / eta
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def halved(own: float, others: list[float], eta: int, mode: str) -> tuple[bool, float | None]:
+    """(stop this member, the cutoff): stop when its value is worse than the cutoff."""
+    cutoff = rung_cutoff(others, eta, mode)
+    if cutoff is None:
+        return False, None
+    return (own < cutoff if mode == "max" else own > cutoff), cutoff

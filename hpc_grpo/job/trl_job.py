@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.runstate import checkpoints as ck
-from hpc_grpo.runstate import layout, runs
+from hpc_grpo.runstate import layout, runs, sweeps
 from hpc_grpo.common.atomic import write_json_atomic, write_text_atomic as write_atomic
 from hpc_grpo.runstate.checkpoints import Checkpoint
 from hpc_grpo.runstate.metrics import parse_record, read_raw
 from hpc_grpo.engines.trl import TrlEngine, grpo_config_kwargs, lora_config_kwargs
 from hpc_grpo.job import disk, prepare_resume, save_signal
-from hpc_grpo.job.early_stop import Plateau
+from hpc_grpo.job.early_stop import Plateau, halved
 from hpc_grpo.runstate.prune import job_prune
 from hpc_grpo.runstate import save_request
 from hpc_grpo.config.spec import RunSpec
@@ -252,10 +252,50 @@ def eval_row(step: int, logs: dict[str, Any]) -> dict[str, Any] | None:
     return {"step": step, **found, "time": round(time.time(), 3)} if found else None
 
 
-def metrics_callback(path: Path, max_steps: int) -> Any:
+class Halving:
+    """Successive halving in a sweep (runstate.sweeps: the manifest's rungs, eta, metric and mode): at a rung step
+    this member goes on only if its metric is within the top 1/eta of what the other members logged there so far."""
+
+    def __init__(self, folder: Path, manifest: sweeps.Manifest, member: sweeps.Member) -> None:
+        self.folder, self.manifest, self.member = folder, manifest, member
+        self.stopped: dict[str, Any] | None = None
+
+    def check(self, step: int, row: dict[str, Any]) -> bool:
+        m = self.manifest
+        value = row.get(m.metric)
+        if self.stopped is not None or step not in m.rungs or not isinstance(value, (int, float)):
+            return False
+        others = sweeps.rung_values(self.folder, m, step, self.member)
+        stop, cutoff = halved(float(value), others, m.eta, m.mode)
+        where = (f"{m.metric} {value:.4g} at rung step {step}, cutoff {cutoff:.4g} (top 1/{m.eta}, {m.mode}, of the "
+                 f"{len(others)} other member(s) that reached it)" if cutoff is not None else
+                 f"{m.metric} {value:.4g} at rung step {step}: the first member there")
+        log(f"successive halving: {where}: {'stopping' if stop else 'going on'}")
+        if stop:
+            self.stopped = {"halving": True, "rung": step, "value": float(value), "cutoff": cutoff, "others": others,
+                            "eta": m.eta, "metric": m.metric, "mode": m.mode,
+                            "reason": f"stopped by the sweep's successive halving: {where}"}
+        return stop
+
+
+def halving_of(spec: RunSpec) -> Halving | None:
+    """The member's successive halving when its run is a member of a sweep with rungs; else None."""
+    found = sweeps.member_of(spec.path)
+    if found is None or not found[1].rungs:
+        return None
+    return Halving(*found)
+
+
+def metrics_callback(path: Path, max_steps: int, halving: Halving | None = None) -> Any:
     """A TrainerCallback that appends one JSON line per logged step (and one per validation: its eval_* keys at
-    the step it validated) and prints a short progress line."""
+    the step it validated), prints a short progress line, and with `halving` stops the member at a rung where it
+    falls behind (the trainer then saves at this step and ends the loop)."""
     from transformers import TrainerCallback
+
+    def halve(step: int, row: dict[str, Any], control: Any) -> None:
+        if halving is not None and halving.check(step, row):
+            control.should_save = True
+            control.should_training_stop = True
 
     class MetricsCallback(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
@@ -263,6 +303,7 @@ def metrics_callback(path: Path, max_steps: int) -> Any:
                 write_row(path, evals)
                 log(f"validation at step {state.global_step}: " + ", ".join(
                     f"{k} {v:.4g}" for k, v in evals.items() if k.startswith("eval_reward")))
+                halve(state.global_step, evals, control)
                 return
             if not state.is_world_process_zero or not logs or not ("loss" in logs or "reward" in logs):
                 return  # one writer; and the end-of-training summary has neither key
@@ -273,6 +314,7 @@ def metrics_callback(path: Path, max_steps: int) -> Any:
                     row[dst] = float(value) if math.isfinite(value) else None
             row["time"] = round(time.time(), 3)
             write_row(path, row)
+            halve(state.global_step, row, control)
 
             def fmt(key: str) -> str:
                 value = row.get(key)
@@ -403,13 +445,28 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
                            f"({exc}): prepare it with `hpc-grpo data {entry.data_command}`") from None
 
     plateau = replayed_plateau(spec)
-    trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal, plateau)
+    halving = halving_of(spec)
+    trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal, plateau, halving)
     result = run_trainer(trainer, spec, resume)
+    if halving is not None and halving.stopped is not None and trainer.state.global_step < trainer.state.max_steps:
+        return halted(spec, trainer.state.global_step, halving.stopped)
     return trained(spec, trainer, result, resume, t0, on_signal, plateau)
 
 
+def halted(spec: RunSpec, step: int, why: dict[str, Any]) -> dict[str, Any]:
+    """A member the sweep stopped: saved at this step, not trained (no train_done.json: its eval job skips it, and
+    `resume SWEEP` leaves it unless --force); the reason goes into the history for `sweep status`."""
+    from hpc_grpo.cluster.job_env import job_identity
+
+    job_id, executor = job_identity()
+    runs.append_history(spec.path, job_id, "stopped", executor, note=str(why["reason"]), data={**why, "step": step})
+    log(f"stopped at step {step}: {why['reason']}")
+    return {"halted": True, "final_step": step}
+
+
 def build_trainer(spec: RunSpec, model_path: str, dataset: Any, use_cpu: bool,
-                  on_signal: save_signal.SaveOnSignal | None, plateau: Plateau | None = None) -> Any:
+                  on_signal: save_signal.SaveOnSignal | None, plateau: Plateau | None = None,
+                  halving: Halving | None = None) -> Any:
     """trl's GRPOTrainer for the spec, with our callbacks: one metrics line per step, saves under the checkpoint
     lock, retention after each save, and (with on_signal) a save at the step end after a USR2."""
     from peft import LoraConfig
@@ -436,7 +493,7 @@ def build_trainer(spec: RunSpec, model_path: str, dataset: Any, use_cpu: bool,
         peft_config=peft_config,
     )
     trainer.remove_callback(PrinterCallback)  # prints every raw log dict; ours prints one line per step
-    trainer.add_callback(metrics_callback(layout.metrics_file(run_dir), config.max_steps))
+    trainer.add_callback(metrics_callback(layout.metrics_file(run_dir), config.max_steps, halving))
     lock_saves(trainer, run_dir)
     trainer.add_callback(prune_callback(run_dir))
     if on_signal is not None:

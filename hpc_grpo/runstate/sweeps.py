@@ -14,6 +14,7 @@ from typing import Any
 from hpc_grpo.common.atomic import write_json_atomic
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.runstate import layout
+from hpc_grpo.runstate.metrics import read_raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,8 @@ class Manifest:
     how: str = "grid"  # "grid", or "random K of N (seed S)"
     metric: str = "reward"  # what `sweep status` ranks by: an engine's metric key, or eval/...
     mode: str = "max"  # max or min: which end of `metric` is best
+    rungs: list[int] = field(default_factory=list)  # successive halving: the steps at which members are compared
+    eta: int = 2  # at each rung a member goes on only within the top 1/eta of the members that reached it
     arrays: list[dict[str, Any]] = field(default_factory=list)  # {"job_id", "indices", "purpose", "time"}
 
     def member_dir(self, sweep_dir: Path, member: Member) -> Path:
@@ -83,3 +86,27 @@ def find_sweep(name: str, roots: list[Path]) -> Path | None:
         if is_sweep(root / name):
             return (root / name).resolve()
     return None
+
+
+def member_of(run_dir: Path) -> tuple[Path, Manifest, Member] | None:
+    """(the sweep's folder, its manifest, this member) for a run directory that is a sweep's member; else None."""
+    folder = Path(run_dir).parent
+    if not is_sweep(folder):
+        return None
+    manifest = read_manifest(folder)
+    for m in manifest.members:
+        if manifest.member_dir(folder, m).resolve() == Path(run_dir).resolve():
+            return folder, manifest, m
+    return None
+
+
+def rung_values(folder: Path, manifest: Manifest, step: int, exclude: Member) -> list[float]:
+    """The sweep's metric at `step` as the other members logged it (their metrics.jsonl), those that reached it."""
+    out = []
+    for m in manifest.members:
+        if m.index == exclude.index:
+            continue
+        value = read_raw(layout.metrics_file(manifest.member_dir(folder, m))).get(step, {}).get(manifest.metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append(float(value))
+    return out
