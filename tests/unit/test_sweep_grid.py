@@ -83,3 +83,51 @@ def test_sweeps_refused_before_anything_is_queued(monkeypatch: pytest.MonkeyPatc
     assert code == 2, text
     assert words in " ".join(text.split()), text
     assert not (tmp_path / "sw").exists()
+
+
+# ------------------------------------------------------------------------------------------ successive halving
+def test_rung_cutoff_keeps_the_top_one_over_eta() -> None:
+    from hpc_grpo.job.early_stop import halved, rung_cutoff
+
+    assert rung_cutoff([], 2, "max") is None and halved(0.0, [], 2, "max") == (False, None)  # the first goes on
+    assert rung_cutoff([0.1, 0.3], 2, "max") == pytest.approx(0.2)
+    assert halved(0.15, [0.1, 0.3], 2, "max") == (True, pytest.approx(0.2))
+    assert halved(0.25, [0.1, 0.3], 2, "max")[0] is False
+    assert halved(0.31, [0.1, 0.2, 0.3, 0.4], 4, "max")[0] is True  # top 1/4 of 0.1..0.4 starts at 0.325
+    assert halved(0.2, [0.1, 0.3], 2, "min")[0] is False and halved(0.25, [0.1, 0.3], 2, "min")[0] is True
+    assert halved(0.3, [0.3, 0.3], 2, "max")[0] is False  # a tie is not behind
+
+
+def test_a_member_reads_what_the_others_logged_at_the_rung(tmp_path: Path) -> None:
+    import json
+
+    from hpc_grpo.runstate import sweeps
+
+    members = [sweeps.Member(i, layout.member_name("sw", i), [f"grpo.lr={i}"]) for i in range(3)]
+    manifest = sweeps.Manifest("sw", "tiny-gsm8k", "slurm-dev", [], {"grpo.lr": ["0", "1", "2"]}, members, 2,
+                               rungs=[2], metric="eval_reward")
+    sweeps.write_manifest(tmp_path, manifest)
+    rows = {0: [{"step": 2, "reward": 0.5}, {"step": 2, "eval_reward": 0.25}], 1: [{"step": 1, "eval_reward": 0.9}]}
+    for i, lines in rows.items():
+        run = layout.member_dir(tmp_path, "sw", i)
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    found = sweeps.member_of(layout.member_dir(tmp_path, "sw", 2))
+    assert found is not None and found[2].index == 2 and found[1].rungs == [2]
+    # member 1 has not reached step 2 yet; member 0's two lines of step 2 are one row
+    assert sweeps.rung_values(tmp_path, found[1], 2, found[2]) == [0.25]
+    assert sweeps.member_of(tmp_path / "elsewhere") is None
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--rungs", "4", "train.total_training_steps=4"], "every rung ([4]) must be a step before its last"),
+    (["--rungs", "2", "--metric", "eval_reward", "train.total_training_steps=4"], "does not validate at every rung"),
+    (["--rungs", "2", "--eta", "1", "train.total_training_steps=4"], "--eta 1: at least 2"),
+], ids=["rung-at-the-end", "no-validation", "eta"])
+def test_halving_refused_before_anything_is_queued(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path, args: list[str], words: str) -> None:
+    code, text = run_cli(monkeypatch, capsys, "sweep", "recipe=tiny-gsm8k", "cluster=slurm-dev",
+                         f"cluster.runs_root={tmp_path}", "grpo.lr=[1e-2,2e-2]", *args, "--name", "sw")
+    assert code == 2, text
+    assert words in " ".join(text.split()), text
+    assert not (tmp_path / "sw").exists()
