@@ -1,7 +1,7 @@
 """The hpc-grpo command line: the Typer app, its commands, and the console entry point.
 
 Each command parses its options, calls one function of hpc_grpo.commands (or the library) and prints; the
-commands live in small modules by theme (catalog_cmds, run_cmds, watch_cmds, ckpt_cmds, eval_cmds, data_cmds, import_cmds)
+commands live in small modules by theme (catalog_cmds, run_cmds, sweep_cmds, watch_cmds, ckpt_cmds, eval_cmds, data_cmds, import_cmds)
 and are all registered here, in the order `--help` lists them. Heavy modules (torch, trl, lm_eval, submitit's
 executors) are imported only inside the commands that need them: plan/render/status must answer instantly on a
 login node. Exit codes: 0 ok, 1 an error finding or a failed job, 2 invalid input.
@@ -20,7 +20,8 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 import typer  # noqa: E402
 
 from hpc_grpo import __version__  # noqa: E402
-from hpc_grpo.cli import catalog_cmds, ckpt_cmds, data_cmds, eval_cmds, import_cmds, run_cmds, watch_cmds  # noqa: E402
+from hpc_grpo.cli import (catalog_cmds, ckpt_cmds, data_cmds, eval_cmds, import_cmds, run_cmds, sweep_cmds,  # noqa: E402
+                          watch_cmds)
 from hpc_grpo.cli.console import err, print_error, short_help  # noqa: E402
 from hpc_grpo.common.yamlio import SpecError  # noqa: E402
 
@@ -61,6 +62,7 @@ _command(catalog_cmds.clusters)
 _command(run_cmds.plan)
 _command(run_cmds.render)
 _command(run_cmds.submit)
+_command(sweep_cmds.sweep)
 _command(watch_cmds.status)
 _command(watch_cmds.logs)
 _command(ckpt_cmds.resume)

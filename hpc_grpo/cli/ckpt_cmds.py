@@ -21,12 +21,17 @@ def resume(
     wait: WaitT = None,
     verbose: VerboseT = False,
 ) -> None:
-    """Resubmit a run from its frozen spec; training goes on from its newest complete checkpoint."""
+    """Resubmit a run from its frozen spec; training goes on from its newest complete checkpoint. Given a sweep, its
+    unfinished members, as one job array."""
     from hpc_grpo.commands.resume import check_plan, plan_resume, submit_resume
     from hpc_grpo.commands.status import locate_run
+    from hpc_grpo.commands.sweep import is_sweep
 
     items = list(args or [])
     run = items.pop(0) if items and "=" not in items[0] else None
+    if run is not None and is_sweep(run):
+        resume_sweep(run, items, force, dry_run)
+        return
     plan = plan_resume(locate_run(run), items, force)
     spec = plan.spec
     for line in plan.describe(force):
@@ -46,6 +51,27 @@ def resume(
         print_would_queue(spec, files)
         return
     print_submitted(submit_resume(plan), spec, wait, verbose)
+
+
+def resume_sweep(name: str, items: list[str], force: bool, dry_run: bool) -> None:
+    """`resume SWEEP`: the members that did not finish and have no live job, planned each, queued as one array."""
+    from hpc_grpo.commands.sweep import check_sweep_resume, locate_sweep, plan_sweep_resume, submit_sweep_resume
+
+    plan = plan_sweep_resume(locate_sweep(name), items, force)
+    for member, why in plan.skipped:
+        out.print(f"member {member.index} ({member.name}): not resumed, {why}")
+    if not plan.plans:
+        out.print(f"Sweep {plan.manifest.name}: no member to resume.")
+        return
+    check_sweep_resume(plan)
+    for member, p in zip(plan.members, plan.plans):
+        out.print(f"member {member.index} ({member.name}): {p.from_text()}")
+    if dry_run:
+        out.print("Dry run: nothing written or queued.")
+        return
+    subs = submit_sweep_resume(plan)
+    out.print(f"Job array: {subs[0].job_id.split('_', 1)[0]} ({', '.join(s.job_id for s in subs)}, "
+              f"%{plan.manifest.parallel})")
 
 
 def export_cmd(

@@ -10,6 +10,7 @@ import typer
 
 from hpc_grpo.cli.console import Table, out, print_json
 from hpc_grpo.cli.options import JsonT, RunT
+from hpc_grpo.runstate import layout
 from hpc_grpo.runstate.layout import REPORT_FILE
 
 StepT = Annotated[list[int] | None, typer.Option("--step", help="checkpoint step (repeatable; default: newest)")]
@@ -111,16 +112,34 @@ def report(
     run: RunT = None,
     png: Annotated[Path | None, typer.Option(
         "--png", help=f"where to write the figure (default: RUN/{REPORT_FILE})")] = None,
+    as_json: JsonT = False,
 ) -> None:
-    """Training curves (reward, KL, response length, entropy) and GSM8K accuracy per step: a PNG and a summary."""
+    """Training curves (reward, KL, response length, entropy) and GSM8K accuracy per step: a PNG and a summary. Given
+    a sweep, its members' reward and metric curves overlaid, the best marked."""
     from hpc_grpo.commands import report as report_mod
     from hpc_grpo.commands.status import locate_run
+    from hpc_grpo.commands.sweep import is_sweep, locate_sweep
 
+    if run is not None and is_sweep(run):
+        folder = locate_sweep(run)
+        srep = report_mod.build_sweep(folder)
+        path = report_mod.draw_sweep(srep, png or layout.report_file(folder))
+        if as_json:
+            print_json({**srep.as_dict(), "figure": str(path)})
+            return
+        for line in srep.summary():
+            out.print(line, markup=False, highlight=False)
+        out.print(f"Figure: {path}")
+        return
     run_dir = locate_run(run)
     rep = report_mod.build(run_dir)
+    path = report_mod.draw(rep, report_mod.figure_path(run_dir, png))
+    if as_json:
+        print_json({"run": rep.run_name, "source": rep.source, "curves": rep.steps, "evals": rep.evals,
+                    "figure": str(path)})
+        return
     for line in rep.summary():
         out.print(line)
-    path = report_mod.draw(rep, report_mod.figure_path(run_dir, png))
     out.print(f"Figure: {path}")
 
 

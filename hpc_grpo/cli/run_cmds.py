@@ -57,10 +57,18 @@ def print_plan(plan: Any) -> None:
         if sched.step_s:
             out.print(f"  ~{sched.step_s:.0f} s per step (rough, calibrated on a 3B LoRA run on 4x A100): ~{sched.steps_in_time_limit} "
                       f"steps fit in resources.time {r.resources.time}")
+    if plan.cost is not None:
+        out.print(f"[bold]Cost[/]: {escape_text(plan.cost.describe())}")
     print_eval_plan(spec)
     out.print(f"Engine schema: {plan.schema_checked}")
     print_code_isolation(plan)
     print_findings(plan.findings)
+
+
+def escape_text(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 def print_eval_plan(spec: Any) -> None:
@@ -111,6 +119,7 @@ def plan_json(plan: Any) -> dict[str, Any]:
             "fits": plan.memory.fits, "largest_term": plan.memory.largest_term, "phases": plan.memory.phase_gib(),
             "peak_phase": plan.memory.peak_phase},
         "schedule": None if plan.schedule is None else plan.schedule.as_dict(),
+        "cost": None if plan.cost is None else plan.cost.as_dict(),
         "eval": summary(plan.spec),
         "schema": plan.schema_checked,
         "code_isolation": plan.code_isolation,
@@ -161,6 +170,8 @@ def print_submitted(submission: Any, spec: Any, wait: bool | None, verbose: bool
         raise typer.Exit(wait_for(submission, verbose))
 
 
+BudgetT = Annotated[float | None, typer.Option("--budget-gpu-hours", help="refuse (exit 2) when the predicted "
+                   "GPU-hours (training and its eval job) are over this")]
 DiffT = Annotated[bool, typer.Option("--diff-defaults", help="also list every verl key this run sets away from "
                                      "verl's own defaults, and what set it (needs verl's config files)")]
 
@@ -213,6 +224,7 @@ def submit(
     wait: WaitT = None,
     accept: AcceptT = None,
     verbose: VerboseT = False,
+    budget: BudgetT = None,
 ) -> None:
     """Plan, create the run directory, render, and submit through submitit (Slurm or local)."""
     from hpc_grpo.launch.render import render_all
@@ -221,6 +233,12 @@ def submit(
     accepted = check_accept(accept or [])
     result = run_plan(resolve(args, name), schema=schema, for_submit=True, accept=accepted)
     refuse_unless_ok(result, "Nothing submitted")
+    if budget is not None:
+        from hpc_grpo.planning.cost import check_budget
+
+        cost: Any = result.cost
+        check_budget([(result.spec.run_name, cost)], budget)
+        out.print(f"Within --budget-gpu-hours {budget:g}: {escape_text(cost.describe())}")
     spec = result.spec  # records what was accepted (spec.yaml)
     files = render_all(spec)
     print_code_isolation(result)

@@ -38,8 +38,12 @@ class NodeLayout:
 
 
 def job_identity(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
-    """(job id, executor) of the running job: Slurm's, submitit's local one, or this process."""
+    """(job id, executor) of the running job: Slurm's, submitit's local one, or this process. An array task (a
+    sweep's member) is ARRAY_TASK, the id its run's history, squeue and sacct know it by (SLURM_JOB_ID is its own
+    number)."""
     env = os.environ if environ is None else environ
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}", "slurm"
     if env.get("SLURM_JOB_ID"):
         return env["SLURM_JOB_ID"], "slurm"
     local = env.get("SUBMITIT_LOCAL_JOB_ID")

@@ -56,6 +56,16 @@ def follow_on(after: str) -> list[tuple[str, Any]]:
     return [("dependency", dependency(AFTER_NOT_OK, after)), ("kill-on-invalid-dep", "yes")]
 
 
+def array(indices: list[int], parallel: int) -> str:
+    """A job array's --array value: its task indices and how many run at once ("0,1,2,3%2", "0-3%2")."""
+    ordered = sorted(set(indices))
+    if ordered == list(range(ordered[0], ordered[-1] + 1)) and len(ordered) > 1:
+        spec = f"{ordered[0]}-{ordered[-1]}"
+    else:
+        spec = ",".join(map(str, ordered))
+    return f"{spec}%{max(1, min(parallel, len(ordered)))}"
+
+
 def options(req: Request, logs: tuple[str, str], extra: list[tuple[str, Any]] | None = None) -> list[tuple[str, Any]]:
     """The #SBATCH options, in the order the batch script lists them. `logs`: the job's stdout and stderr patterns
     (in the run's submitit folder: hpc_grpo.runstate.layout); `extra`: more options (the evaluation job's afterany

@@ -68,7 +68,8 @@ class SlurmError(RuntimeError):
 
 
 _JOB_ID = re.compile(r"^\d+(?:[_+]\d+)?$")
-_SQUEUE_FORMAT = "JobID:|,State:|,TimeUsed:|,exit_code:|,NodeList:|,Reason:|"
+# ArrayJobID and ArrayTaskID last: an array task goes by ARRAY_TASK (JobID is its own number), as sacct names it
+_SQUEUE_FORMAT = "JobID:|,State:|,TimeUsed:|,exit_code:|,NodeList:|,Reason:|,ArrayJobID:|,ArrayTaskID:|"
 _SACCT_FIELDS = "JobID,State,Elapsed,ExitCode,NodeList,Reason"
 _SINFO_FORMAT = "%P|%D|%c|%G|%m|%l"
 _ATTEMPT_FIELDS = "JobID,State,Elapsed,ExitCode,NodeList,Reason,Start,End"

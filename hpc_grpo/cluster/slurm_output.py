@@ -156,16 +156,32 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
     out: dict[str, JobInfo] = {}
     for f in _rows(text, 6, "squeue"):
         jid, state, elapsed, code, nodes, reason = f[:6]
-        out[jid] = JobInfo(
-            job_id=jid,
-            state=normalize_state(state),
-            elapsed=elapsed,
-            exit_code=_exit_from_wait_status(code),
-            nodelist="" if nodes in {"", "(null)"} else nodes,
-            reason=reason,
-            source="squeue",
-        )
+        for key in _array_ids(jid, *f[6:8]):
+            out[key] = JobInfo(
+                job_id=key,
+                state=normalize_state(state),
+                elapsed=elapsed,
+                exit_code=_exit_from_wait_status(code),
+                nodelist="" if nodes in {"", "(null)"} else nodes,
+                reason=reason,
+                source="squeue",
+            )
     return out
+
+
+def _array_ids(jid: str, array_job: str = "", tasks: str = "") -> list[str]:
+    """The ids one squeue row stands for. An array task is ARRAY_TASK (as sacct, scontrol and the job's own
+    SLURM_ARRAY_* name it); the row of the array's pending tasks lists them ("2-3%1", "1,3,5%2"): one id each.
+    A plain job (ArrayTaskID N/A, or the fields absent) is its JobID."""
+    if not array_job or not tasks or tasks in ("N/A", "(null)") or not array_job.isdigit():
+        return [jid]
+    ids: list[str] = []
+    for part in tasks.split("%", 1)[0].strip("[]").split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return [jid]
+        ids += [f"{array_job}_{i}" for i in range(int(lo), int(hi or lo) + 1)]
+    return ids
 
 
 def parse_sacct(text: str) -> dict[str, JobInfo]:

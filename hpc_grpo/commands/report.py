@@ -168,3 +168,93 @@ def draw_last_eval(ax: Any, rep: Report) -> None:
         ax.axhline(pub["gsm8k"] / 100, ls="--", color="k", lw=1, label=f"published {pub['gsm8k']}%")
     ax.legend(fontsize=7)
     ax.set_xlabel(f"{task}, n={pol['n']}")
+
+
+# ------------------------------------------------------------------------------------------------ a sweep
+@dataclass
+class SweepReport:
+    """Each member's reward and validation curves, for one figure with the members overlaid."""
+
+    name: str
+    metric: str
+    mode: str
+    members: list[tuple[str, str, Report, list[tuple[int, float]]]]  # (name, overrides, its report, its metric)
+    best: str | None = None  # the member with the best value of the sweep's metric
+
+    def summary(self) -> list[str]:
+        lines = [f"sweep {self.name}: {len(self.members)} members, best by {self.metric} ({self.mode}): "
+                 f"{self.best or 'none logged yet'}"]
+        for name, overrides, rep, pts in self.members:
+            reward = rep.steps.get("reward", [])
+            last = f"reward {reward[-1][1]:.4g} at step {reward[-1][0]}" if reward else "no reward logged"
+            best = _best(pts, self.mode)
+            at = f"; best {self.metric} {best[1]:.4g} at step {best[0]}" if best else ""
+            lines.append(f"  {'*' if name == self.best else ' '} {name} ({overrides}): {last}{at}")
+        return lines
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"sweep": self.name, "metric": self.metric, "mode": self.mode, "best": self.best,
+                "members": [{"name": n, "overrides": o, "reward": r.steps.get("reward", []), self.metric: pts}
+                            for n, o, r, pts in self.members]}
+
+
+def _best(pts: list[tuple[int, float]], mode: str) -> tuple[int, float] | None:
+    if not pts:
+        return None
+    return (max if mode == "max" else min)(pts, key=lambda p: p[1])
+
+
+def build_sweep(folder: Path) -> SweepReport:
+    """Every member's report and the sweep's metric per step (runstate.metrics.logged_metrics: the engine's keys
+    and eval/... scores), the best member marked."""
+    from hpc_grpo.runstate import sweeps
+
+    manifest = sweeps.read_manifest(folder)
+    members = []
+    for m in manifest.members:
+        run_dir = manifest.member_dir(folder, m)
+        if not layout.spec_file(run_dir).is_file():
+            continue
+        engine = load_frozen(layout.spec_file(run_dir)).recipe.engine
+        logged = engine_metrics.logged_metrics(run_dir, engine)
+        pts = [(step, row[manifest.metric]) for step, row in logged.items() if manifest.metric in row]
+        members.append((m.name, " ".join(m.overrides), build(run_dir), pts))
+    rep = SweepReport(manifest.name, manifest.metric, manifest.mode, members)
+    bests = [(b[1], name) for name, _, _, pts in members if (b := _best(pts, manifest.mode)) is not None]
+    if bests:
+        rep.best = (max if manifest.mode == "max" else min)(bests)[1]
+    return rep
+
+
+def draw_sweep(rep: SweepReport, out: Path) -> Path:
+    """Two panels, the members overlaid: the training reward, and the sweep's metric (a validation's where the
+    members validate); the best member drawn thicker and starred in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=80)
+    for ax, title in zip(axes, ("reward (training)", rep.metric)):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+    for name, overrides, member, pts in rep.members:
+        best = name == rep.best
+        style = {"lw": 2.5 if best else 1.0, "marker": "."}
+        label = ("* " if best else "") + (overrides or name)
+        reward = member.steps.get("reward", [])
+        if reward:
+            axes[0].plot([p[0] for p in reward], [p[1] for p in reward], label=label, **style)
+        if pts:
+            axes[1].plot([p[0] for p in pts], [p[1] for p in pts], label=label, **style)
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
+    fig.suptitle(f"hpc-grpo report: sweep {rep.name}", fontsize=11)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

@@ -41,6 +41,11 @@ def locate_run(run: str | None) -> Path:
         folder = Path(run).expanduser()
         if layout.spec_file(folder).is_file():
             return folder.resolve()
+        sweep = folder if layout.sweep_file(folder).is_file() else next(
+            (r / run for r in runs_roots() if "/" not in run and layout.sweep_file(r / run).is_file()), None)
+        if sweep is not None:
+            raise SpecError(f"{run!r} is a sweep ({sweep}), not a run: `hpc-grpo sweep status {run}` shows its members, "
+                            f"each a run in {sweep}", key="run")
         if "/" in run or run.startswith(("~", ".")):
             why = "does not exist" if not folder.exists() else f"has no {layout.SPEC_FILE}, so it is not a run folder"
             raise SpecError(f"{run!r} {why}: give a run's folder (the one holding its {layout.SPEC_FILE}) or its name; "

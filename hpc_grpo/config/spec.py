@@ -321,6 +321,23 @@ class Checkpoint(Strict):
         return v
 
 
+class EarlyStop(Strict):
+    """Stop a run whose validation metric has stopped improving: at each validation (every train.test_freq steps)
+    the best value so far is kept; after `patience` validations in a row without an improvement of more than
+    `min_delta`, the job saves, stops, and the run counts as trained (its evaluation follows)."""
+
+    metric: str = Field(default="eval_reward", min_length=1, description="the validation metric, as the engine "
+                        "logs it (trl: eval_reward, or another eval_* key of trl's evaluation)")
+    mode: Literal["max", "min"] = Field(default="max", description="max: higher is better (a reward); min: lower "
+                                        "is better (a loss)")
+    patience: int = Field(default=3, ge=1, description="validations in a row without an improvement before the run "
+                          "stops")
+    min_delta: float = Field(default=0.0, ge=0, description="the least change over the best value so far that "
+                             "counts as an improvement")
+    val_rows: int = Field(default=64, ge=1, description="trl: the first this many prompts of data.val_files are "
+                          "the validation set (each validation generates grpo.n completions per prompt)")
+
+
 class Train(Strict):
     """Length of training: epochs, or an explicit step count (which wins, as in verl)."""
 
@@ -333,6 +350,8 @@ class Train(Strict):
     val_before_train: bool = Field(default=False, description="validate once before the first step (verl: "
                                    "trainer.val_before_train)")
     seed: int = Field(default=0, ge=0, description="the trl trainer's random seed (trl: seed)")
+    early_stop: EarlyStop | None = Field(default=None, description="stop on a validation plateau (needs "
+                                         "train.test_freq > 0); None: train every step")
 
 
 class Logging(Strict):

@@ -155,6 +155,12 @@ def _owned(spec: RunSpec, use_cpu: bool) -> list[Override]:
     add("bf16", (not use_cpu) and r.model.dtype == "bfloat16", "model.dtype")
     add("fp16", (not use_cpu) and r.model.dtype == "float16", "model.dtype")
     add("use_vllm", r.rollout.name == "vllm", "rollout.name")
+    stop = r.train.early_stop
+    if stop is not None and r.train.test_freq > 0:
+        # validation for early stopping: trl's evaluate generates grpo.n completions per validation prompt
+        add("eval_strategy", "steps", "train.early_stop")
+        add("eval_steps", r.train.test_freq * lay.updates_per_step, "train.test_freq")
+        add("per_device_eval_batch_size", r.grpo.n * max(1, lay.per_device // r.grpo.n), "grpo.n")
     if r.rollout.name == "vllm":
         add("vllm_gpu_memory_utilization", r.rollout.gpu_memory_utilization, "rollout.gpu_memory_utilization")
         add("vllm_tensor_parallel_size", r.parallel.rollout_tp, "parallel.rollout_tp")
@@ -302,9 +308,16 @@ def _check_data(spec: RunSpec) -> list[Finding]:
         out.append(warning("data.truncation", f"trl cannot truncate chat prompts ('{d.truncation}'): prompts longer "
                            f"than data.max_prompt_length={d.max_prompt_length} are kept whole",
                            "set data.filter_overlong_prompts=true to drop them"))
-    if t.test_freq > 0 or t.val_before_train:
-        out.append(warning("train.test_freq", "the trl job does not validate during training (GSM8K eval runs after it)",
-                           "set train.test_freq=-1 and train.val_before_train=false"))
+    if t.early_stop is not None and t.test_freq <= 0:
+        out.append(error("train.test_freq", f"train.early_stop needs validations, and train.test_freq={t.test_freq} "
+                         "asks for none", "set train.test_freq to validate every N steps (e.g. 5)"))
+    if t.early_stop is None and (t.test_freq > 0 or t.val_before_train):
+        out.append(warning("train.test_freq", "the trl job validates during training only for train.early_stop "
+                           "(GSM8K eval runs after it)", "set train.test_freq=-1 and train.val_before_train=false, "
+                           "or set train.early_stop"))
+    if t.early_stop is not None and t.val_before_train:
+        out.append(warning("train.val_before_train", "the trl job validates every train.test_freq steps, not before "
+                           "the first", "set train.val_before_train=false"))
     return out
 
 

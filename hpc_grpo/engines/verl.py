@@ -506,6 +506,12 @@ class VerlEngine:
     def check(self, spec: RunSpec) -> list[Finding]:
         """Passthrough keys: well-formed, real verl keys, and not fighting a modelled field."""
         findings: list[Finding] = check_kl(spec)
+        if spec.recipe.train.early_stop is not None:
+            # verl's trainer has no hook to save and stop between steps: its val-core/... metrics could be read by
+            # the job's metric watcher, but stopping there would lose the steps since the last periodic save.
+            findings.append(error("train.early_stop", "the verl engine has no early stopping yet (verl saves and "
+                                  "stops only at its own step count)", "drop train.early_stop, set "
+                                  "train.total_training_steps to the steps you want, or use engine=trl"))
         findings += [error(f"passthrough.{key}", message, fix) for key, message, fix in owned_conflicts(spec)]
         for key in spec.recipe.passthrough:
             pkey = f"passthrough.{key}"

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.runstate import checkpoints as ck
-from hpc_grpo.runstate import layout, runs
+from hpc_grpo.runstate import layout, runs, sweeps
 from hpc_grpo.common.atomic import write_json_atomic, write_text_atomic as write_atomic
 from hpc_grpo.runstate.checkpoints import Checkpoint
-from hpc_grpo.runstate.metrics import parse_record
+from hpc_grpo.runstate.metrics import parse_record, read_raw
 from hpc_grpo.engines.trl import TrlEngine, grpo_config_kwargs, lora_config_kwargs
 from hpc_grpo.job import disk, prepare_resume, save_signal
+from hpc_grpo.job.early_stop import Plateau, halved
 from hpc_grpo.runstate.prune import job_prune
 from hpc_grpo.runstate import save_request
 from hpc_grpo.config.spec import RunSpec
@@ -124,11 +125,23 @@ def load_train_dataset(spec: RunSpec) -> Any:
     jsonl/json as written by `prepare_gsm8k` for trl; parquet in verl's layout also works: its
     reward_model.ground_truth becomes the ground_truth column.
     """
+    return load_rows(Path(spec.recipe.data.train_list[0]), "data.train_files")  # plan refuses a list for trl
+
+
+def load_val_dataset(spec: RunSpec) -> Any:
+    """train.early_stop's validation set: the first early_stop.val_rows rows of data.val_files."""
+    stop = spec.recipe.train.early_stop
+    assert stop is not None
+    ds = load_rows(Path(spec.recipe.data.val_list[0]), "data.val_files")
+    return ds.select(range(min(stop.val_rows, len(ds))))
+
+
+def load_rows(path: Path, key: str) -> Any:
+    """A trl data file's rows, with the columns the reward needs; JobError naming `key` otherwise."""
     from datasets import load_dataset
 
-    path = Path(spec.recipe.data.train_list[0])  # plan refuses a list for trl (engines.trl)
     if not path.is_file():
-        raise JobError(f"data.train_files {path} does not exist: prepare GSM8K first (hpc_grpo.data.gsm8k.prepare_gsm8k)")
+        raise JobError(f"{key} {path} does not exist: prepare GSM8K first (hpc_grpo.data.gsm8k.prepare_gsm8k)")
     kind = "parquet" if path.suffix == ".parquet" else "json"
     ds = load_dataset(kind, data_files=str(path), split="train")
     if "ground_truth" not in ds.column_names and "reward_model" in ds.column_names:
@@ -225,12 +238,73 @@ def build_grpo_config(kwargs: dict[str, Any]) -> Any:
     return GRPOConfig(**kwargs)
 
 
-def metrics_callback(path: Path, max_steps: int) -> Any:
-    """A TrainerCallback that appends one JSON line per logged step and prints a short progress line."""
+def write_row(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(row) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def eval_row(step: int, logs: dict[str, Any]) -> dict[str, Any] | None:
+    """A validation's line for metrics.jsonl (trl's eval_* keys, as trl logs them), or None for any other log."""
+    found = {k: float(v) for k, v in logs.items() if k.startswith("eval_") and isinstance(v, (int, float))
+             and not isinstance(v, bool) and math.isfinite(v)}
+    return {"step": step, **found, "time": round(time.time(), 3)} if found else None
+
+
+class Halving:
+    """Successive halving in a sweep (runstate.sweeps: the manifest's rungs, eta, metric and mode): at a rung step
+    this member goes on only if its metric is within the top 1/eta of what the other members logged there so far."""
+
+    def __init__(self, folder: Path, manifest: sweeps.Manifest, member: sweeps.Member) -> None:
+        self.folder, self.manifest, self.member = folder, manifest, member
+        self.stopped: dict[str, Any] | None = None
+
+    def check(self, step: int, row: dict[str, Any]) -> bool:
+        m = self.manifest
+        value = row.get(m.metric)
+        if self.stopped is not None or step not in m.rungs or not isinstance(value, (int, float)):
+            return False
+        others = sweeps.rung_values(self.folder, m, step, self.member)
+        stop, cutoff = halved(float(value), others, m.eta, m.mode)
+        where = (f"{m.metric} {value:.4g} at rung step {step}, cutoff {cutoff:.4g} (top 1/{m.eta}, {m.mode}, of the "
+                 f"{len(others)} other member(s) that reached it)" if cutoff is not None else
+                 f"{m.metric} {value:.4g} at rung step {step}: the first member there")
+        log(f"successive halving: {where}: {'stopping' if stop else 'going on'}")
+        if stop:
+            self.stopped = {"halving": True, "rung": step, "value": float(value), "cutoff": cutoff, "others": others,
+                            "eta": m.eta, "metric": m.metric, "mode": m.mode,
+                            "reason": f"stopped by the sweep's successive halving: {where}"}
+        return stop
+
+
+def halving_of(spec: RunSpec) -> Halving | None:
+    """The member's successive halving when its run is a member of a sweep with rungs; else None."""
+    found = sweeps.member_of(spec.path)
+    if found is None or not found[1].rungs:
+        return None
+    return Halving(*found)
+
+
+def metrics_callback(path: Path, max_steps: int, halving: Halving | None = None) -> Any:
+    """A TrainerCallback that appends one JSON line per logged step (and one per validation: its eval_* keys at
+    the step it validated), prints a short progress line, and with `halving` stops the member at a rung where it
+    falls behind (the trainer then saves at this step and ends the loop)."""
     from transformers import TrainerCallback
+
+    def halve(step: int, row: dict[str, Any], control: Any) -> None:
+        if halving is not None and halving.check(step, row):
+            control.should_save = True
+            control.should_training_stop = True
 
     class MetricsCallback(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+            if state.is_world_process_zero and logs and (evals := eval_row(state.global_step, logs)) is not None:
+                write_row(path, evals)
+                log(f"validation at step {state.global_step}: " + ", ".join(
+                    f"{k} {v:.4g}" for k, v in evals.items() if k.startswith("eval_reward")))
+                halve(state.global_step, evals, control)
+                return
             if not state.is_world_process_zero or not logs or not ("loss" in logs or "reward" in logs):
                 return  # one writer; and the end-of-training summary has neither key
             row: dict[str, Any] = {"step": state.global_step}
@@ -239,10 +313,8 @@ def metrics_callback(path: Path, max_steps: int) -> Any:
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     row[dst] = float(value) if math.isfinite(value) else None
             row["time"] = round(time.time(), 3)
-            with path.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(row) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            write_row(path, row)
+            halve(state.global_step, row, control)
 
             def fmt(key: str) -> str:
                 value = row.get(key)
@@ -253,6 +325,45 @@ def metrics_callback(path: Path, max_steps: int) -> Any:
                 f"lr {fmt('lr')} ({fmt('step_time')} s)")
 
     return MetricsCallback()
+
+
+def early_stop_callback(spec: RunSpec, plateau: Plateau) -> Any:
+    """A TrainerCallback that feeds each validation to `plateau`; on a plateau the trainer saves at this step and
+    stops (transformers saves after evaluating when control.should_save is set, then ends the loop)."""
+    from transformers import TrainerCallback
+
+    metric = plateau.rule.metric
+
+    class EarlyStopCallback(TrainerCallback):
+        def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None,
+                        **kw: Any) -> None:
+            metrics = metrics or {}
+            if metric not in metrics:
+                raise JobError(f"train.early_stop.metric={metric} is not among the validation's metrics ("
+                               f"{', '.join(sorted(metrics))}): set it to one of them")
+            if plateau.update(state.global_step, float(metrics[metric])):
+                log(plateau.reason(state.global_step) + ": saving and stopping")
+                control.should_save = True
+                control.should_training_stop = True
+
+    return EarlyStopCallback()
+
+
+def replayed_plateau(spec: RunSpec) -> Plateau | None:
+    """train.early_stop's state at the job's start: the validations logged before it (metrics.jsonl, already trimmed
+    to the resume step), so a requeue or resume goes on counting."""
+    rule = spec.recipe.train.early_stop
+    if rule is None:
+        return None
+    plateau = Plateau(rule)
+    for step, raw in read_raw(layout.metrics_file(spec.path)).items():
+        value = raw.get(rule.metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            plateau.update(step, float(value))
+    if plateau.seen:
+        log(f"early stopping: {len(plateau.seen)} earlier validation(s) replayed, best {plateau.best:.4g} at step "
+            f"{plateau.best_step}, {plateau.since_best} since")
+    return plateau
 
 
 # --------------------------------------------------------------------------------------------- main
@@ -333,13 +444,29 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
             raise JobError(f"grpo.reward={entry.name} but {spec.recipe.data.train_files} holds rows it cannot score "
                            f"({exc}): prepare it with `hpc-grpo data {entry.data_command}`") from None
 
-    trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal)
+    plateau = replayed_plateau(spec)
+    halving = halving_of(spec)
+    trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal, plateau, halving)
     result = run_trainer(trainer, spec, resume)
-    return trained(spec, trainer, result, resume, t0, on_signal)
+    if halving is not None and halving.stopped is not None and trainer.state.global_step < trainer.state.max_steps:
+        return halted(spec, trainer.state.global_step, halving.stopped)
+    return trained(spec, trainer, result, resume, t0, on_signal, plateau)
+
+
+def halted(spec: RunSpec, step: int, why: dict[str, Any]) -> dict[str, Any]:
+    """A member the sweep stopped: saved at this step, not trained (no train_done.json: its eval job skips it, and
+    `resume SWEEP` leaves it unless --force); the reason goes into the history for `sweep status`."""
+    from hpc_grpo.cluster.job_env import job_identity
+
+    job_id, executor = job_identity()
+    runs.append_history(spec.path, job_id, "stopped", executor, note=str(why["reason"]), data={**why, "step": step})
+    log(f"stopped at step {step}: {why['reason']}")
+    return {"halted": True, "final_step": step}
 
 
 def build_trainer(spec: RunSpec, model_path: str, dataset: Any, use_cpu: bool,
-                  on_signal: save_signal.SaveOnSignal | None) -> Any:
+                  on_signal: save_signal.SaveOnSignal | None, plateau: Plateau | None = None,
+                  halving: Halving | None = None) -> Any:
     """trl's GRPOTrainer for the spec, with our callbacks: one metrics line per step, saves under the checkpoint
     lock, retention after each save, and (with on_signal) a save at the step end after a USR2."""
     from peft import LoraConfig
@@ -353,19 +480,26 @@ def build_trainer(spec: RunSpec, model_path: str, dataset: Any, use_cpu: bool,
     log(f"run {spec.run_name}: device {'cpu' if use_cpu else 'cuda'}, {len(dataset)} prompts, "
         f"max_steps {config.max_steps}, checkpoints in {layout.checkpoints_dir(spec.path)}")
 
+    val = load_val_dataset(spec) if plateau is not None else None
+    if val is not None and plateau is not None:
+        log(f"early stopping on {plateau.rule.metric} ({plateau.rule.mode}, patience {plateau.rule.patience}): "
+            f"validating {len(val)} prompts every {spec.recipe.train.test_freq} steps")
     trainer = GRPOTrainer(
         model=model_path,
         reward_funcs=reward_function(spec),
         args=config,
         train_dataset=dataset,
+        eval_dataset=val,
         peft_config=peft_config,
     )
     trainer.remove_callback(PrinterCallback)  # prints every raw log dict; ours prints one line per step
-    trainer.add_callback(metrics_callback(layout.metrics_file(run_dir), config.max_steps))
+    trainer.add_callback(metrics_callback(layout.metrics_file(run_dir), config.max_steps, halving))
     lock_saves(trainer, run_dir)
     trainer.add_callback(prune_callback(run_dir))
     if on_signal is not None:
         trainer.add_callback(save_signal.callback(on_signal))
+    if plateau is not None:
+        trainer.add_callback(early_stop_callback(spec, plateau))
     return trainer
 
 
@@ -385,15 +519,22 @@ def run_trainer(trainer: Any, spec: RunSpec, resume: Checkpoint | None) -> Any:
 
 
 def trained(spec: RunSpec, trainer: Any, result: Any, resume: Checkpoint | None, t0: float,
-            on_signal: save_signal.SaveOnSignal | None) -> dict[str, Any]:
-    """The result of a train() that returned: stopped by a USR2 before the last step, or done (train_done.json)."""
+            on_signal: save_signal.SaveOnSignal | None, plateau: Plateau | None = None) -> dict[str, Any]:
+    """The result of a train() that returned: stopped by a USR2 before the last step, or done (train_done.json),
+    also when it stopped early on a plateau (the reason in train_done.json and in the history)."""
     run_dir = Path(spec.run_dir)
     step = trainer.state.global_step
     if on_signal is not None and on_signal.requested and step < trainer.state.max_steps:
         return stopped_on_signal(run_dir, step, on_signal)
     runtime = float(result.metrics.get("train_runtime", 0.0))
     final = ck.newest_complete(ck.list_checkpoints(run_dir, ENGINE))
-    return finish(spec, step, trainer.state.max_steps, final, resume, t0, runtime)
+    early = plateau.as_dict(step) if plateau is not None and plateau.stop and step < trainer.state.max_steps else None
+    if early is not None:
+        from hpc_grpo.cluster.job_env import job_identity
+
+        job_id, executor = job_identity()
+        runs.append_history(run_dir, job_id, "stopped", executor, note=str(early["reason"]), data=early)
+    return finish(spec, step, trainer.state.max_steps, final, resume, t0, runtime, early)
 
 
 def stopped_on_signal(run_dir: Path, step: int, on_signal: save_signal.SaveOnSignal) -> dict[str, Any]:
@@ -443,9 +584,10 @@ def target_steps(max_steps: int, resume: Checkpoint | None) -> int | None:
 
 
 def finish(spec: RunSpec, step: int, max_steps: int | None, final: Checkpoint | None,
-           resume: Checkpoint | None, t0: float, runtime: float) -> dict[str, Any]:
+           resume: Checkpoint | None, t0: float, runtime: float,
+           early_stop: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write train_done.json: what later steps (prune, export, eval) start from."""
-    done = {
+    done: dict[str, Any] = {
         "run_name": spec.run_name,
         "final_step": step,
         "max_steps": max_steps,
@@ -455,6 +597,8 @@ def finish(spec: RunSpec, step: int, max_steps: int | None, final: Checkpoint | 
         "train_runtime_s": round(runtime, 3),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if early_stop is not None:
+        done["early_stop"] = early_stop
     job_prune(Path(spec.run_dir), "run end", log, grace_s=0)
     write_json_atomic(layout.done_file(spec.run_dir), done)
     log(f"done: step {step}, last checkpoint {done['last_checkpoint']}, {done['wall_time_s']} s")

@@ -111,12 +111,13 @@ def recreate_command(spec: RunSpec) -> str:
     return " ".join(quote_word(p) for p in recreate_argv(spec))
 
 
-def sbatch_context(spec: RunSpec, command: str, extra: list[tuple[str, Any]] | None = None) -> dict[str, Any]:
+def sbatch_context(spec: RunSpec, command: str, extra: list[tuple[str, Any]] | None = None,
+                   job: str = "%j") -> dict[str, Any]:
     """Everything the sbatch header needs, as plain values (the template quotes each): hpc_grpo.cluster.sbatch's
     options. `extra`: more #SBATCH options (the evaluation job's afterany dependency, a chained follow-on's
-    afternotok)."""
+    afternotok, a sweep's --array); `job`: the job id's pattern in the log names (layout.ARRAY_JOB in an array)."""
     c = spec.cluster
-    options = sbatch.options(sbatch.request(spec), layout.log_patterns(spec.path, 0), extra)
+    options = sbatch.options(sbatch.request(spec), layout.log_patterns(spec.path, 0, job), extra)
     for key, value in options:
         # sbatch reads these lines itself: it knows neither $'...' nor a value that goes on past the line.
         if _ESCAPE.search(str(value)):
@@ -125,7 +126,7 @@ def sbatch_context(spec: RunSpec, command: str, extra: list[tuple[str, Any]] | N
     container = c.setup.container
     mounts = mounts_option(job_mounts(c.shared_path_list(), c.setup.mounts, spec.run_dir)) if container else ""
     return {"sbatch": options, **sbatch.requeue_mode(c.requeue, chained=c.restart == "chain"),
-            "srun_args": sbatch.srun_args(layout.log_patterns(spec.path, "%t"), container, mounts,
+            "srun_args": sbatch.srun_args(layout.log_patterns(spec.path, "%t", job), container, mounts,
                                           c.setup.container_launcher),
             # a container has no Slurm client: its job asks this script for the requeue (launch.submit.TrainJob)
             "requeue_file_prefix": str(layout.requeue_request(spec.path, "")) if container else None,
@@ -145,6 +146,7 @@ def common_context(spec: RunSpec) -> dict[str, Any]:
         # run-directory names the scripts' comments mention (hpc_grpo.runstate.layout names them)
         "launch_script": layout.LAUNCH_SCRIPT,
         "spec_name": layout.SPEC_FILE,
+        "array_run_dir_prefix": None,  # a sweep's job array: its members' folders less the task index
     }
 
 
@@ -190,6 +192,17 @@ def render_sbatch(spec: RunSpec, command: str | None = None, extra: list[tuple[s
     command = command or submitit_command(layout.submitit_dir(spec.path), spec.python)
     tmpl = environment().get_template("sbatch.sh.j2")
     return tmpl.render(**common_context(spec), **sbatch_context(spec, command, extra))
+
+
+def render_array_sbatch(pattern: RunSpec, command: str, extra: list[tuple[str, Any]], prefix: str,
+                        recreate: list[str]) -> str:
+    """A sweep's one batch script for all its members: `pattern` is a member's spec named after the sweep, with
+    the run directory of task %a (runstate.layout.member_dir); Slurm fills %A and %a into the log names, and the
+    task's own folder is `prefix` + $SLURM_ARRAY_TASK_ID. `extra` holds the --array option; `recreate` is the
+    sweep's command line."""
+    tmpl = environment().get_template("sbatch.sh.j2")
+    context = {**common_context(pattern), "recreate": recreate, "array_run_dir_prefix": prefix}
+    return tmpl.render(**context, **sbatch_context(pattern, command, extra, job=layout.ARRAY_JOB))
 
 
 def render_launch(spec: RunSpec) -> str:

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,6 +300,49 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
         return self.last_script
 
 
+class SweepArrayExecutor(TemplateSlurmExecutor):
+    """One Slurm job array for a sweep's members, through submitit's array machinery (one batch script, one
+    pickled callable per task in the array's submitit folder, job ids ARRAY_TASK), with two differences from
+    submitit's own `submit_array`: the batch script is hpc-grpo's template, and the task indices are the members'
+    (`resume SWEEP` queues only the unfinished ones, e.g. --array=1,3%2), so task I always runs member I."""
+
+    def __init__(self, pattern: RunSpec, folder: Path, indices: list[int], parallel: int, prefix: str,
+                 recreate: list[str]) -> None:
+        submitit.SlurmExecutor.__init__(self, folder=folder, max_num_timeout=1_000_000,
+                                        python=shlex.quote(pattern.python))
+        self.spec = pattern
+        self.extra_sbatch = [("array", sbatch.array(indices, parallel))]
+        self.eval_job = False
+        self.last_script = ""
+        self.indices = list(indices)
+        self.prefix = prefix
+        self.recreate = list(recreate)
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        self.last_script = render.render_array_sbatch(self.spec, command, self.extra_sbatch, self.prefix,
+                                                      self.recreate)
+        return self.last_script
+
+    def submit_members(self, fns: list[Any]) -> list[Any]:
+        """Queue the array; task `indices[k]` runs `fns[k]`. The pickles are written before sbatch and moved to
+        each task's name after it (a task that starts first waits for its pickle: submitit's job side)."""
+        folder = Path(self.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        pickles = []
+        for fn in fns:
+            delayed = submitit.helpers.DelayedSubmission(fn)
+            delayed.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
+            path = folder / f"{uuid.uuid4().hex}.pkl"
+            delayed.dump(path)
+            pickles.append(path)
+        first = self._submit_command(self._submitit_command_str)
+        tasks = list(range(self._num_tasks()))
+        jobs: list[Any] = [submitit.SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{i}", tasks=tasks) for i in self.indices]
+        for job, path in zip(jobs, pickles):
+            job.paths.move_temporary_file(path, "submitted_pickle")
+        return jobs
+
+
 def slurm_parameters(spec: RunSpec) -> dict[str, Any]:
     """The same numbers the template uses, so submitit's own bookkeeping (task count) agrees."""
     r, c = spec.recipe, spec.cluster
@@ -334,6 +378,45 @@ def submit_run(spec: RunSpec, files: dict[str, str], purpose: str = "train", not
         if spec.cluster.scheduler == "slurm":
             return _submit_slurm(spec, purpose, note, data)
         return _submit_local(spec, purpose, note, data)
+
+
+def submit_sweep_array(members: list[RunSpec], files: list[dict[str, str]], indices: list[int], sweep_dir: Path,
+                       sweep: str, parallel: int, recreate: list[str], purpose: str = "train",
+                       notes: list[str] | None = None) -> list[Submission]:
+    """Write each member's run directory and queue them all as one job array with at most `parallel` tasks
+    running at once; then each member's eval job, afterany its own task. Every member's history gets its task's
+    job id (ARRAY_TASK) with `purpose`, so status, resume and prune treat it as any run's job.
+
+    The caller has planned every member (planning.plan.run_plan, for_submit=True) and checked that they ask
+    Slurm for the same allocation: one array has one batch script."""
+    for spec in members:
+        restart.check(spec)
+    with contextlib.ExitStack() as locks:
+        for spec in members:
+            locks.enter_context(runs.submit_lock(spec.path))
+            runs.refuse_if_live(spec.path)
+        for spec, rendered in zip(members, files):
+            write_run(spec, rendered)
+            layout.submitit_dir(spec.path).mkdir(exist_ok=True)  # Slurm opens each task's log there, not submitit
+        pattern = members[0].model_copy(update={"run_name": sweep,
+                                                "run_dir": str(layout.member_dir(sweep_dir, sweep, "%a"))})
+        prefix = str(layout.member_dir(sweep_dir, sweep, ""))
+        executor = SweepArrayExecutor(pattern, layout.submitit_dir(sweep_dir), indices, parallel, prefix, recreate)
+        executor.update_parameters(**slurm_parameters(pattern))
+        jobs = executor.submit_members([TrainJob(spec.run_dir) for spec in members])
+        script = layout.sbatch_script(sweep_dir)
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text(executor.last_script)
+        out = []
+        for k, (spec, job) in enumerate(zip(members, jobs)):
+            note = (notes[k] + "; " if notes else "") + f"sweep {sweep}, array task {job.job_id}"
+            runs.append_history(spec.path, job.job_id, purpose, "slurm", note=note, data={"sweep": sweep})
+            eval_job = None
+            if evaluate.queued_after_training(spec):
+                eval_job = submit_eval(spec, evaluate.job_argv(spec.path, after=job.job_id), after=job.job_id)
+            out.append(Submission(spec.path, job.job_id, "slurm", str(layout.job_log(spec.path, job.job_id)), job,
+                                  eval_job))
+    return out
 
 
 def _submit_slurm(spec: RunSpec, purpose: str, note: str = "", data: dict[str, Any] | None = None) -> Submission:

@@ -37,6 +37,7 @@ class Plan:
     findings: list[Finding] = field(default_factory=list)
     memory: object | None = None
     schedule: object | None = None
+    cost: object | None = None  # planning.cost.Cost: wall time, GPU-hours, checkpoint disk
     schema_checked: str = "skipped"
     code_isolation: str | None = None  # what the code sandbox gets on the compute nodes (code recipes only)
     # plan --diff-defaults: the verl keys this run sets away from verl's defaults (engines.verl_defaults), or why not
@@ -235,6 +236,9 @@ def run_plan(spec: RunSpec, schema: bool = True, for_submit: bool = False, accep
 
     plan.schedule = make_schedule(spec, shape)
     plan.findings.extend(schedule_findings(plan.schedule))
+    from hpc_grpo.planning.cost import run_cost
+
+    plan.cost = run_cost(spec, plan.schedule)
     engine = get_engine(spec.recipe.engine)
     engine_findings = engine.check(spec)
     plan.findings.extend(engine_findings)

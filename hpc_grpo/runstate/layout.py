@@ -31,6 +31,12 @@ RUN/
   rehearsal-data/           `hpc-grpo rehearse`: the shrunk data set
   report.png                `hpc-grpo report`'s default picture
 RUNS_ROOT/_base-evals/KEY.json      base-model scores, shared by the runs of one runs root
+RUNS_ROOT/SWEEP/                    a sweep (`hpc-grpo sweep`): one Slurm job array over its members
+  sweep.json                the manifest: the recipe, cluster, axes, each member's index, name and overrides
+  SWEEP-mI/                 member I: an ordinary run directory (array task I runs it)
+  submitit/                 submitit's folder of the array: its batch script and each task's pickle
+  scripts/sbatch.sh         the array's batch script, as Slurm received it
+  report.png                `hpc-grpo report SWEEP`: the members' curves overlaid
 """
 
 from __future__ import annotations
@@ -78,6 +84,9 @@ RESERVE_FILE = ".hpc-grpo-reserve"  # the job's ballast, removed first on a full
 REHEARSAL_DATA_DIR = "rehearsal-data"  # `hpc-grpo rehearse`: the shrunk data set
 REPORT_FILE = "report.png"
 BASE_EVALS_DIR = "_base-evals"  # in the runs root, not in a run directory
+SWEEP_FILE = "sweep.json"  # in a sweep's folder (RUNS_ROOT/SWEEP/), beside its members' run directories
+_MEMBER = "{sweep}-m{index}"  # a member's run name (and folder) in its sweep's folder
+ARRAY_JOB = "%A_%a"  # Slurm's file-name pattern of an array task's id (ARRAY_TASK), as submitit names it
 
 # submitit's names in its folder (submitit.core.utils.JobPaths): JOB_TASK_log.out / .err, JOB_TASK_result.pkl
 _LOG = "{job}_{task}_log.{stream}"
@@ -128,8 +137,26 @@ report_file = _in_run(REPORT_FILE)
 
 
 def find_specs(root: PathLike) -> list[Path]:
-    """The spec file of every run directory directly under a runs root."""
-    return list(Path(root).glob(f"*/{SPEC_FILE}"))
+    """The spec file of every run directory under a runs root: directly under it, and the members of its sweeps."""
+    root = Path(root)
+    members = [p for m in root.glob(f"*/{SWEEP_FILE}") for p in m.parent.glob(f"*/{SPEC_FILE}")]
+    return list(root.glob(f"*/{SPEC_FILE}")) + members
+
+
+# ------------------------------------------------------------------------------------------------ sweeps
+def sweep_file(sweep_dir: PathLike) -> Path:
+    """SWEEP/sweep.json: the sweep's manifest."""
+    return Path(sweep_dir) / SWEEP_FILE
+
+
+def member_name(sweep: str, index: int | str) -> str:
+    """Member I's run name, SWEEP-mI; index "%a" gives Slurm's pattern of an array task's member."""
+    return _MEMBER.format(sweep=sweep, index=index)
+
+
+def member_dir(sweep_dir: PathLike, sweep: str, index: int | str) -> Path:
+    """Member I's run directory in the sweep's folder (index "%a": the array script's pattern)."""
+    return Path(sweep_dir) / member_name(sweep, index)
 
 
 # ------------------------------------------------------------------------------------------------ the jobs
@@ -139,10 +166,10 @@ def job_log(run_dir: PathLike, job_id: str, task: int | str = 0, err: bool = Fal
     return submitit_dir(run_dir) / _LOG.format(job=job_id, task=task, stream="err" if err else "out")
 
 
-def log_patterns(run_dir: PathLike, task: int | str) -> tuple[str, str]:
-    """Slurm's --output and --error patterns for the run's job logs: %j is the job id; `task` a task number, or
-    "%t" for srun's one log per task."""
-    return str(job_log(run_dir, "%j", task)), str(job_log(run_dir, "%j", task, err=True))
+def log_patterns(run_dir: PathLike, task: int | str, job: str = "%j") -> tuple[str, str]:
+    """Slurm's --output and --error patterns for the run's job logs: %j is the job id (ARRAY_JOB in a job array);
+    `task` a task number, or "%t" for srun's one log per task."""
+    return str(job_log(run_dir, job, task)), str(job_log(run_dir, job, task, err=True))
 
 
 def requeue_request(run_dir: PathLike, job_id: str) -> Path:

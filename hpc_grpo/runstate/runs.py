@@ -39,8 +39,9 @@ class RunBusy(SpecError):
 # History lines that are not a submission: "start" is written by resume preparation at every start of a job
 # (first start, requeue, resume: which checkpoint, what was quarantined); "failed" by a job that stops on an error a
 # user must fix (disk full); "skipped" by an eval job queued after training that found the run not trained
-# (hpc_grpo.runstate.trained). None is a job of its own: status shows them under their job.
-EVENTS = ("start", "failed", "skipped")
+# (hpc_grpo.runstate.trained); "stopped" by a training that ended before its last step on purpose (train.early_stop:
+# a validation plateau), the run then trained. None is a job of its own: status shows them under their job.
+EVENTS = ("start", "failed", "skipped", "stopped")
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,7 +58,9 @@ def decide(spec: RunSpec, live_training: dict[str, str] | None = None) -> Traine
     done = done_record(run_dir)
     if done is not None:
         step = done.get("final_step")
-        return Trained(True, f"{layout.DONE_FILE}: step {step}", step if isinstance(step, int) else None)
+        early = done.get("early_stop")
+        why = f"; {early['reason']}" if isinstance(early, dict) and early.get("reason") else ""
+        return Trained(True, f"{layout.DONE_FILE}: step {step}{why}", step if isinstance(step, int) else None)
     if live_training:
         jobs = ", ".join(f"{j} ({s})" for j, s in live_training.items())
         return Trained(False, f"training job {jobs} has not ended: its run is not finished yet")

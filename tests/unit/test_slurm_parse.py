@@ -101,6 +101,21 @@ def test_parse_squeue() -> None:
     assert jobs["8_3"].elapsed_s == 93784
 
 
+def test_parse_squeue_names_array_tasks_as_sacct_does() -> None:
+    """squeue's JobID of an array task is its own number; ArrayJobID/ArrayTaskID give ARRAY_TASK, and the row of
+    the pending tasks ("2-3%1", "5,7%2") stands for each of them. A plain job's ArrayTaskID is N/A."""
+    text = (
+        "122|RUNNING|0:05|0|node1|None|121|0|\n"
+        "121|PENDING|0:00|0||JobArrayTaskLimit|121|2-3%1|\n"
+        "130|PENDING|0:00|0||JobArrayTaskLimit|130|5,7%2|\n"
+        "140|RUNNING|0:01|0|node2|None|140|N/A|\n"
+    )
+    jobs = slurm_output.parse_squeue(text)
+    assert list(jobs) == ["121_0", "121_2", "121_3", "130_5", "130_7", "140"]
+    assert jobs["121_0"].state == "RUNNING" and jobs["121_0"].job_id == "121_0"
+    assert jobs["121_3"].live and jobs["121_3"].reason == "JobArrayTaskLimit"
+
+
 def test_parse_sacct_skips_steps_and_normalizes() -> None:
     text = (
         "12|CANCELLED by 0|00:00:18|0:15|node[1-4]|None\n"

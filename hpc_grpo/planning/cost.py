@@ -1,0 +1,145 @@
+"""What a run will cost before it is queued: wall time and GPU-hours (steps x the step-time model x the GPUs, plus
+the start-up, plus the eval job's share) and the checkpoint disk over the run, each with where its figure comes from;
+and `--budget-gpu-hours`, which refuses a run (or a sweep) predicted over budget.
+
+The step time is planning.schedule's model, calibrated on one reference GPU run (its docstring): on other GPUs it
+is scaled by a rough speed table, and the figure says so. An engine without a step-time model (trl) has no
+prediction; a job without GPUs costs no GPU-hours. The eval job has no time model: its share is an upper bound,
+its GPUs for its whole time limit. Stdlib only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.config.spec import RunSpec
+
+CALIBRATION = ("a GRPO-LoRA run of Qwen2.5-3B-Instruct on 4x A100 (docs/benchmarks.md, \"Reference GPU run\"); "
+               "rough, tens of percent")
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    steps: int | None
+    step_s: float | None
+    startup_s: float
+    gpus: int  # the training job's GPUs (nodes x GPUs per node)
+    eval_gpus: int
+    eval_limit_s: float  # the eval job's time limit: the upper bound of its share
+    ckpt_gib: float | None  # one checkpoint
+    ckpts_written: int
+    ckpts_kept: int  # the most kept at once (keep_last, and every multiple of keep_every)
+    source: str  # where the step time comes from, or why there is none
+
+    @property
+    def wall_s(self) -> float | None:
+        """Predicted training wall time (start-up once; a requeue's start-up again is not counted)."""
+        if self.steps is None or self.step_s is None:
+            return None
+        return self.startup_s + self.steps * self.step_s
+
+    @property
+    def train_gpu_hours(self) -> float | None:
+        if self.gpus == 0:
+            return 0.0
+        wall = self.wall_s
+        return None if wall is None else wall * self.gpus / 3600
+
+    @property
+    def eval_gpu_hours(self) -> float:
+        return self.eval_gpus * self.eval_limit_s / 3600
+
+    @property
+    def gpu_hours(self) -> float | None:
+        """Training's prediction plus the eval job's upper bound; None when training's is unknown."""
+        train = self.train_gpu_hours
+        return None if train is None else train + self.eval_gpu_hours
+
+    @property
+    def disk_peak_gib(self) -> float | None:
+        return None if self.ckpt_gib is None else self.ckpt_gib * self.ckpts_kept
+
+    @property
+    def disk_written_gib(self) -> float | None:
+        return None if self.ckpt_gib is None else self.ckpt_gib * self.ckpts_written
+
+    def describe(self) -> str:
+        wall, gh = self.wall_s, self.gpu_hours
+        if gh is None:
+            head = f"no prediction ({self.source})"
+        elif self.gpus == 0 and self.eval_gpus == 0:
+            head = "no GPU-hours (a CPU job)"
+        else:
+            timing = "" if wall is None else (f"~{wall / 3600:.2f} h wall ({self.steps} steps x ~{self.step_s:.0f} s + "
+                                              f"{self.startup_s / 60:.0f} min start-up), ")
+            head = (f"{timing}~{gh:.1f} GPU-hours on {self.gpus} GPU(s), the eval job's up to "
+                    f"{self.eval_gpu_hours:.1f} included; step time from {self.source}")
+        disk = ("" if self.disk_peak_gib is None else
+                f"; checkpoints: {self.ckpts_written} written ({self.disk_written_gib:.1f} GiB in all), at most "
+                f"{self.ckpts_kept} kept at once ({self.disk_peak_gib:.1f} GiB)")
+        return head + disk
+
+    def as_dict(self) -> dict[str, object]:
+        return {"steps": self.steps, "step_s": self.step_s, "wall_s": self.wall_s, "gpus": self.gpus,
+                "gpu_hours": self.gpu_hours, "train_gpu_hours": self.train_gpu_hours,
+                "eval_gpu_hours_max": self.eval_gpu_hours, "checkpoint_gib": self.ckpt_gib,
+                "checkpoints_written": self.ckpts_written, "checkpoints_kept_max": self.ckpts_kept,
+                "disk_peak_gib": self.disk_peak_gib, "disk_written_gib": self.disk_written_gib, "source": self.source}
+
+
+def step_time_source(spec: RunSpec) -> str:
+    from hpc_grpo.planning.schedule import GPU_SPEED
+
+    gpu = (spec.cluster.gpu_type or "").lower()
+    if gpu == "a100":
+        return CALIBRATION
+    scaled = f"scaled x{GPU_SPEED[gpu]:g} for {gpu}" if gpu in GPU_SPEED else \
+        f"this cluster's GPU type ({spec.cluster.gpu_type or 'unset'}) taken as an A100"
+    return f"{CALIBRATION}; calibrated on other hardware, {scaled}"
+
+
+def run_cost(spec: RunSpec, schedule: object | None) -> Cost:
+    """The run's cost from its schedule (planning.schedule.Schedule) and its eval job's placement."""
+    from hpc_grpo.evaluation.evaluate import eval_spec
+    from hpc_grpo.planning.schedule import STARTUP_S
+
+    steps = getattr(schedule, "total_steps", None)
+    step_s = getattr(schedule, "step_s", None)
+    ckpts: list[int] = list(getattr(schedule, "checkpoint_steps", []) or [])
+    size = getattr(schedule, "size", None)
+    ck = spec.recipe.checkpoint
+    every = [s for s in ckpts if ck.keep_every and s % ck.keep_every == 0]
+    kept = min(len(ckpts), ck.keep_last + len(every)) if ckpts else 0
+    gpus = spec.recipe.resources.nodes * spec.gpus_per_node
+    if gpus == 0:
+        source = "no GPUs: a CPU job costs no GPU-hours"
+    elif step_s is None:
+        source = f"no step-time model for the {spec.recipe.engine} engine: time a short run to know"
+    else:
+        source = step_time_source(spec)
+    try:
+        e = eval_spec(spec) if spec.recipe.eval.runs else None
+    except SpecError:
+        e = None  # an eval placement plan refuses (its own finding says why): no share to count
+    eval_gpus = e.gpus_per_node if e is not None else 0
+    eval_s = float(e.recipe.resources.time_min * 60) if e is not None else 0.0
+    return Cost(steps, step_s, float(STARTUP_S) if step_s else 0.0, gpus, eval_gpus, eval_s,
+                None if size is None else size.gib, len(ckpts), kept, source)
+
+
+def check_budget(costs: list[tuple[str, Cost]], budget: float, what: str = "the run") -> None:
+    """SpecError (exit 2) when the predicted GPU-hours of `costs` (one per run or sweep member) exceed `budget`, or
+    cannot be predicted: naming the figure, where it comes from, and the fix."""
+    unknown = [name for name, c in costs if c.gpu_hours is None]
+    if unknown:
+        raise SpecError(f"{what} cannot be checked against --budget-gpu-hours {budget:g}: {costs[0][1].source} "
+                        f"({', '.join(unknown)}). Drop --budget-gpu-hours, or use an engine with a step-time model",
+                        key="--budget-gpu-hours")
+    total = sum(c.gpu_hours or 0.0 for _, c in costs)
+    if total > budget:
+        each = "" if len(costs) == 1 else f" ({len(costs)} members, {max(c.gpu_hours or 0 for _, c in costs):.1f} at most each)"
+        raise SpecError(f"{what} is predicted at {total:.1f} GPU-hours{each}, over --budget-gpu-hours {budget:g} "
+                        f"(step time from {costs[0][1].source}; the eval job counted at its whole time limit). Fix: "
+                        "fewer steps (train.total_training_steps), fewer members, or a larger budget",
+                        key="--budget-gpu-hours")
