@@ -28,9 +28,9 @@ from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout, runs
 from hpc_grpo.common.atomic import write_json_atomic, write_text_atomic as write_atomic
 from hpc_grpo.runstate.checkpoints import Checkpoint
-from hpc_grpo.runstate.metrics import parse_record
+from hpc_grpo.runstate.metrics import file_rows, parse_record
 from hpc_grpo.engines.trl import TrlEngine, grpo_config_kwargs, lora_config_kwargs
-from hpc_grpo.job import disk, prepare_resume, save_signal
+from hpc_grpo.job import disk, health_watch, prepare_resume, save_signal
 from hpc_grpo.runstate.prune import job_prune
 from hpc_grpo.runstate import save_request
 from hpc_grpo.config.spec import RunSpec
@@ -255,6 +255,23 @@ def metrics_callback(path: Path, max_steps: int) -> Any:
     return MetricsCallback()
 
 
+def health_callback(path: Path, watcher: health_watch.Watcher) -> Any:
+    """A TrainerCallback after the metrics one: the health findings of the rows so far (job/health_watch); a
+    finding `health.stop_on` names saves this step and stops training (the trainer saves after on_log)."""
+    from transformers import TrainerCallback
+
+    class HealthCallback(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> Any:
+            if not state.is_world_process_zero or not logs or not ("loss" in logs or "reward" in logs):
+                return control
+            if watcher.check(file_rows(path)) is not None:
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+
+    return HealthCallback()
+
+
 # --------------------------------------------------------------------------------------------- main
 def start_point(spec: RunSpec, spec_path: Path, t0: float) -> tuple[Checkpoint | None, dict[str, Any] | None]:
     """(the checkpoint to resume from, the finished result when there is nothing left to train), decided from
@@ -333,15 +350,29 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
             raise JobError(f"grpo.reward={entry.name} but {spec.recipe.data.train_files} holds rows it cannot score "
                            f"({exc}): prepare it with `hpc-grpo data {entry.data_command}`") from None
 
-    trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal)
+    watcher = health_watch.Watcher(spec, say=log, alert=health_watch.alerter(spec))
+    trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal, watcher)
     result = run_trainer(trainer, spec, resume)
+    if watcher.stop is not None and trainer.state.global_step < trainer.state.max_steps:
+        return stopped_by_health(Path(spec.run_dir), trainer.state.global_step, watcher)
     return trained(spec, trainer, result, resume, t0, on_signal)
 
 
+def stopped_by_health(run_dir: Path, step: int, watcher: health_watch.Watcher) -> dict[str, Any]:
+    """Training stopped on a health finding (health.stop_on) after saving this step: the reason in the history,
+    no train_done.json (the run is not trained)."""
+    saved = ck.newest_complete(ck.list_checkpoints(run_dir, ENGINE))
+    what = f"checkpoint step {saved.step} saved" if saved is not None else "no complete checkpoint"
+    watcher.record_stop(run_dir, what)
+    log(f"stopped by health at step {step}: {what}")
+    return {"stopped_by_health": True, "final_step": step}
+
+
 def build_trainer(spec: RunSpec, model_path: str, dataset: Any, use_cpu: bool,
-                  on_signal: save_signal.SaveOnSignal | None) -> Any:
-    """trl's GRPOTrainer for the spec, with our callbacks: one metrics line per step, saves under the checkpoint
-    lock, retention after each save, and (with on_signal) a save at the step end after a USR2."""
+                  on_signal: save_signal.SaveOnSignal | None, watcher: health_watch.Watcher) -> Any:
+    """trl's GRPOTrainer for the spec, with our callbacks: one metrics line per step, its health (a save and a stop
+    on a finding health.stop_on names), saves under the checkpoint lock, retention after each save, and (with
+    on_signal) a save at the step end after a USR2."""
     from peft import LoraConfig
     from transformers import PrinterCallback
     from trl import GRPOTrainer
@@ -362,6 +393,7 @@ def build_trainer(spec: RunSpec, model_path: str, dataset: Any, use_cpu: bool,
     )
     trainer.remove_callback(PrinterCallback)  # prints every raw log dict; ours prints one line per step
     trainer.add_callback(metrics_callback(layout.metrics_file(run_dir), config.max_steps))
+    trainer.add_callback(health_callback(layout.metrics_file(run_dir), watcher))
     lock_saves(trainer, run_dir)
     trainer.add_callback(prune_callback(run_dir))
     if on_signal is not None:
@@ -482,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     except (JobError, SpecError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    if result.get("stopped_by_health"):
+        return health_watch.HEALTH_STOPPED
     return save_request.STOPPED_FOR_REQUEUE if result.get("stopped_on_signal") else 0
 
 

@@ -22,21 +22,30 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_grpo.config.spec import HEALTH_KINDS
+
 ROLLOUT_DIFF_MAX = 0.01
 ZERO_REWARD_STEPS = 5
 ENTROPY_COLLAPSE = 0.1
 ENTROPY_STEPS = 3
 FINITE_KEYS = ("loss", "grad_norm", "kl", "entropy")
-KINDS = ("weight_sync", "nan", "zero_reward", "entropy_collapse")  # what `health.stop_on` could name
+KINDS = HEALTH_KINDS  # what `health.stop_on` may name (config/spec validates it)
 
 
 @dataclass(frozen=True)
 class Health:
-    """One problem: its kind, the step it was first seen at, and what to tell the user."""
+    """One problem: its kind, the step it was first seen at, what to tell the user, and the number that decided it
+    (for the run's history: "rollout_probs_diff_mean 0.016 > limit 0.005")."""
 
     kind: str
     step: int
     message: str
+    detail: str = ""
+
+    @property
+    def stop_reason(self) -> str:
+        """The line the run's history and status keep when this finding stopped the job."""
+        return f"stopped by health: {self.kind} at step {self.step}" + (f" ({self.detail})" if self.detail else "")
 
 
 def _number(value: Any) -> float | None:
@@ -64,20 +73,22 @@ def run_health(rows: list[dict[str, Any]]) -> list[Health]:
             found.append(Health("weight_sync", int(row["step"]), (
                 f"step {row['step']}: the rollout is not the policy being trained: vLLM's token probabilities differ "
                 f"from the trainer's by {diff:.3g} on average (training/rollout_probs_diff_mean; healthy runs stay "
-                f"under {ROLLOUT_DIFF_MAX}): the weights or the LoRA adapter did not reach vLLM")))
+                f"under {ROLLOUT_DIFF_MAX}): the weights or the LoRA adapter did not reach vLLM"),
+                f"rollout_probs_diff_mean {diff:.3g} > limit {ROLLOUT_DIFF_MAX}"))
             break
     for row in rows:
         bad = [k for k in FINITE_KEYS if k in row and (row[k] is None or not math.isfinite(_number(row[k]) or 0.0))]
         if bad:
             found.append(Health("nan", int(row["step"]), f"step {row['step']}: {', '.join(bad)} is not a finite "
                                 "number (NaN or infinite): the update diverged; lower the learning rate or check "
-                                "the data"))
+                                "the data", f"{', '.join(bad)} not finite"))
             break
     zero = _first_run(rows, lambda r: _number(r.get("reward")) == 0.0, ZERO_REWARD_STEPS)
     if zero is not None:
         found.append(Health("zero_reward", zero, f"step {zero}: the mean reward has been 0 for {ZERO_REWARD_STEPS} "
                             "steps in a row: every sample scores 0 (the reward never matches: check the reward "
-                            "function and the data's answer column)"))
+                            "function and the data's answer column)",
+                            f"mean reward 0 for {ZERO_REWARD_STEPS} steps"))
     entropies = [(_number(r.get("entropy")), r) for r in rows]
     first = next((e for e, _ in entropies if e is not None and e > 0), None)
     if first is not None:
@@ -87,5 +98,6 @@ def run_health(rows: list[dict[str, Any]]) -> list[Health]:
         if collapsed is not None:
             found.append(Health("entropy_collapse", collapsed, f"step {collapsed}: entropy fell under "
                                 f"{ENTROPY_COLLAPSE:.0%} of its first value ({first:.3g}) for {ENTROPY_STEPS} steps: "
-                                "the policy samples one answer, and GRPO's groups have nothing to compare"))
+                                "the policy samples one answer, and GRPO's groups have nothing to compare",
+                                f"entropy < {ENTROPY_COLLAPSE:.0%} of {first:.3g} for {ENTROPY_STEPS} steps"))
     return found
