@@ -31,7 +31,7 @@ from hpc_grpo.runstate import layout, runs
 from hpc_grpo.runstate.health import Health, run_health
 from hpc_grpo.runstate.metrics import file_rows
 
-PREFIX = "hpc-grpo health:"
+PREFIX = "health finding:"  # after the job's own prefix: `hpc-grpo: [time] health finding: ...`
 # The exit status of a training process (trl) or node (verl) stopped by a finding health.stop_on names.
 HEALTH_STOPPED = 3
 POLL_S = 1.0
@@ -65,7 +65,7 @@ class Watcher:
             stops = h.kind in self.stop_on and self.stop is None
             then = (f"health.stop_on names {h.kind}: saving and stopping the job" if stops else
                     f"training goes on (health.stop_on: [{h.kind}] would stop it)")
-            self.say(f"{PREFIX} {h.kind} at step {h.step}: {h.message}; {then}")
+            self.say(f"{PREFIX} {h.kind}: {h.message}; {then}")
             if self.alert is not None:
                 try:
                     self.alert(h, stops)

@@ -257,15 +257,18 @@ def metrics_callback(path: Path, max_steps: int) -> Any:
 
 def health_callback(path: Path, watcher: health_watch.Watcher) -> Any:
     """A TrainerCallback after the metrics one: the health findings of the rows so far (job/health_watch); a
-    finding `health.stop_on` names saves this step and stops training (the trainer saves after on_log)."""
+    finding `health.stop_on` names saves this step (the trainer saves after on_log) and stops training; a NaN
+    stops without saving."""
     from transformers import TrainerCallback
 
     class HealthCallback(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> Any:
             if not state.is_world_process_zero or not logs or not ("loss" in logs or "reward" in logs):
                 return control
-            if watcher.check(file_rows(path)) is not None:
-                control.should_save = True
+            stop = watcher.check(file_rows(path))
+            if stop is not None:
+                # after a non-finite update the weights may be NaN: no save of this step, the newest one stays
+                control.should_save = control.should_save or stop.kind != "nan"
                 control.should_training_stop = True
             return control
 
@@ -362,7 +365,9 @@ def stopped_by_health(run_dir: Path, step: int, watcher: health_watch.Watcher) -
     """Training stopped on a health finding (health.stop_on) after saving this step: the reason in the history,
     no train_done.json (the run is not trained)."""
     saved = ck.newest_complete(ck.list_checkpoints(run_dir, ENGINE))
-    what = f"checkpoint step {saved.step} saved" if saved is not None else "no complete checkpoint"
+    what = ("no complete checkpoint: a resume starts from the beginning" if saved is None else
+            f"checkpoint step {saved.step} saved" if saved.step == step else
+            f"the newest checkpoint is step {saved.step}")
     watcher.record_stop(run_dir, what)
     log(f"stopped by health at step {step}: {what}")
     return {"stopped_by_health": True, "final_step": step}

@@ -56,7 +56,7 @@ def test_a_broken_weight_sync_stops_the_job_by_step_3(tmp_path: Path, verl_slot:
     # the job's log: the finding, then the stop; and the hook's own warning from vLLM's processes
     log = "\n".join(p.read_text(errors="replace") for p in sorted((run / "submitit").glob("*_0_log.out")))
     lines = [line for line in log.splitlines() if PREFIX in line]
-    assert len(lines) == 1 and f"{PREFIX} weight_sync at step {step}: " in lines[0], lines
+    assert len(lines) == 1 and f"{PREFIX} weight_sync: step {step}: " in lines[0], lines
     assert "saving and stopping the job" in lines[0] and "driver stopped: stopped by health" in log
     assert "TEST HOOK ON" in log
 

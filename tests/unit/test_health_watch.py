@@ -48,7 +48,7 @@ def test_each_finding_is_logged_and_alerted_once_and_only_stop_on_stops(tmp_path
     rows = [{"step": 1, "rollout_probs_diff": 0.0004}, {"step": 2, "rollout_probs_diff": 0.5}]
     assert watcher.check(rows) is None  # weight_sync is not in stop_on: logged, training goes on
     assert watcher.check(rows) is None and len(said) == 1  # once per kind, however often it is looked at
-    assert said[0].startswith(f"{health_watch.PREFIX} weight_sync at step 2: ")
+    assert said[0].startswith(f"{health_watch.PREFIX} weight_sync: step 2: the rollout is not the policy")
     assert "health.stop_on: [weight_sync] would stop it" in said[0]
     stop = watcher.check([*rows, {"step": 3, "rollout_probs_diff": 0.5, "loss": None}])
     assert stop is not None and stop.kind == "nan" and stop.step == 3
