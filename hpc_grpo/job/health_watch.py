@@ -47,8 +47,9 @@ class Watcher:
     the stop (recorded in the run's history by `record_stop`)."""
 
     def __init__(self, spec: RunSpec, say: Callable[[str], None] = _print,
-                 alert: Callable[[Health, bool], None] | None = None) -> None:
+                 alert: Callable[[Health, bool], None] | None = None, after_step: int = 0) -> None:
         self.spec = spec
+        self.after_step = after_step  # a resumed job judges its own steps (verl's file logger holds only those)
         self.stop_on = set(spec.recipe.health.stop_on)
         self.say = say
         self.alert = alert
@@ -58,7 +59,7 @@ class Watcher:
     def check(self, rows: list[dict[str, Any]]) -> Health | None:
         """The rows logged so far (our names, by step); the stop finding when this look found it, else None."""
         found = None
-        for h in run_health(rows):
+        for h in run_health([r for r in rows if r["step"] > self.after_step]):
             if h.kind in self.seen:
                 continue
             self.seen.add(h.kind)

@@ -353,7 +353,8 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
             raise JobError(f"grpo.reward={entry.name} but {spec.recipe.data.train_files} holds rows it cannot score "
                            f"({exc}): prepare it with `hpc-grpo data {entry.data_command}`") from None
 
-    watcher = health_watch.Watcher(spec, say=log, alert=health_watch.alerter(spec))
+    watcher = health_watch.Watcher(spec, say=log, alert=health_watch.alerter(spec),
+                                   after_step=resume.step if resume else 0)
     trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal, watcher)
     result = run_trainer(trainer, spec, resume)
     if watcher.stop is not None and trainer.state.global_step < trainer.state.max_steps:

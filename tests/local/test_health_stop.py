@@ -50,7 +50,8 @@ def test_a_broken_weight_sync_stops_the_job_by_step_3(tmp_path: Path, verl_slot:
     numbers = sync_numbers(run)
     print(f"broken weight sync: flagged at step {step}; {took:.0f} s from submit to the stopped job")
     assert step <= 3, (stop, numbers)
-    assert stop.note.startswith(f"stopped by health: weight_sync at step {step} (rollout_probs_diff_mean "), stop.note
+    assert stop.note.startswith(f"stopped by health: weight_sync at step {step} ("), stop.note
+    assert stop.note.count("> limit") + stop.note.count("< limit") >= 2, stop.note  # two numbers past their limits
     assert f"checkpoint step {step} saved" in stop.note, stop.note
 
     # the job's log: the finding, then the stop; and the hook's own warning from vLLM's processes
@@ -74,8 +75,7 @@ def test_a_broken_weight_sync_stops_the_job_by_step_3(tmp_path: Path, verl_slot:
                            capture_output=True, text=True, timeout=120, check=False)
     assert shown.returncode == 0, shown.stderr
     st = json.loads(shown.stdout)
-    assert any(f"stopped by health: weight_sync at step {step} (rollout_probs_diff_mean" in f
-               for f in st["failures"]), st["failures"]
+    assert any(f"stopped by health: weight_sync at step {step} (" in f for f in st["failures"]), st["failures"]
     assert any("the rollout is not the policy being trained" in h for h in st["health"]), st["health"]
     assert any(sync_break.ENV in w for w in st["warnings"]), st["warnings"]
 
