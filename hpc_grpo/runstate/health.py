@@ -10,8 +10,9 @@ A pure function over the rows of runstate/metrics (our names, by step), for stat
   Megatron TP 2 on 2 Slurm nodes, 12 steps; shorter ones) stayed at `training/rollout_probs_diff_mean` 2.8e-4 to
   2.7e-3, `training/rollout_actor_probs_pearson_corr` 0.9986 or more and `rollout_corr/kl` 0.0043 or less; the
   LoRA run with the sync broken on purpose (engines/sync_break) matches at step 1 (a new adapter is the base
-  model) and shows 0.0058 / 0.92 / 0.098 at step 2 and 0.0078 / 0.68 / 0.29 at step 3. The limits sit between:
-  0.005 (the closest call: 1.9x the healthy maximum), 0.99 and 0.02.
+  model) and shows 0.0058 / 0.92 / 0.098 at step 2 and 0.0078 / 0.68 / 0.29 at step 3 (a second run of it:
+  0.0046 / 0.94 / 0.11 at step 2). The limits sit between: 0.005 (the closest call: 1.9x the healthy maximum, and
+  the second run's step 2 stayed under it), 0.99 and 0.02.
 - nan: a loss, grad norm, KL or entropy that is logged but not a finite number.
 - zero_reward: a mean reward of exactly 0 for ZERO_REWARD_STEPS logged steps in a row (every sample scored 0: a
   reward function that never matches, a wrong data column).
