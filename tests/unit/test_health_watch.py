@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -146,3 +147,38 @@ def test_the_sync_break_is_off_unless_exactly_one() -> None:
     assert not sync_break.enabled({}) and not sync_break.enabled({sync_break.ENV: "true"})
     assert sync_break.enabled({sync_break.ENV: "1"})
     assert "TEST" in sync_break.ENV and sync_break.ENV in sync_break.warning()
+
+
+PROBE = """
+import os
+import subprocess
+from hpc_grpo.engines import sync_break, vllm_cpu
+from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension as ext
+os.environ.pop(sync_break.ENV, None)
+vllm_cpu.register()
+before = getattr(ext._update_weights, "_hpc_grpo_broken", False)
+os.environ[sync_break.ENV] = "1"
+vllm_cpu.register()  # what vLLM calls in each of its processes
+after = getattr(ext._update_weights, "_hpc_grpo_broken", False)
+touched = ext._update_weights(object(), [("model.w", None)], peft_config=None, base_sync_done=True)
+print("RESULT", before, after, touched)
+"""
+
+
+def test_the_hook_lands_on_verls_vllm_update_only_with_the_variable() -> None:
+    """In verl's own environment: hpc-grpo's vLLM plugin leaves verl's worker-side weight update alone, and with
+    HPC_GRPO_TEST_BREAK_WEIGHT_SYNC=1 replaces it with a no-op (an object without a model: any real update would
+    fail on it)."""
+    python = Path(__file__).resolve().parents[2] / ".venv-verl" / "bin" / "python"
+    if not python.exists():
+        reason = f"needs verl's environment at {python} (bash tools/setup-env.sh verl)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason, pytrace=False)
+        print(f"SKIP: {reason}")
+        pytest.skip(reason)
+    env = {k: v for k, v in os.environ.items() if k != sync_break.ENV}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run([str(python), "-c", PROBE], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert "RESULT False True None" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert proc.stdout.count("TEST HOOK ON") == 1, proc.stdout[-2000:]
