@@ -17,6 +17,7 @@ from its metrics callback.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -100,8 +101,6 @@ class WandbAlert:
         self.attached: Any = None
 
     def _run(self) -> Any:
-        import os
-
         import wandb
 
         if wandb.run is not None:
@@ -132,14 +131,32 @@ def alerter(spec: RunSpec) -> WandbAlert | None:
     return WandbAlert(spec) if "wandb" in spec.recipe.logging.logger else None
 
 
-def rows_since(path: Path, started: float) -> list[dict[str, Any]]:
-    """verl's file-logger rows, once this driver has (re)written the file (an older file is a former start's)."""
+def file_state(path: Path) -> tuple[int, int, int] | None:
+    """What changes when verl (re)writes its file logger: inode, size, mtime (ns); None while there is none."""
     try:
-        if path.stat().st_mtime < started:
-            return []
+        st = path.stat()
     except OSError:
-        return []
-    return file_rows(path)
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class FreshRows:
+    """verl's file-logger rows once this driver has (re)written the file: verl truncates it at each start, so until
+    it changes from what it was when the job started, its rows are a former start's (compared by the file's own
+    state, not by clocks: a shared filesystem's server may not keep the node's time)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.before = file_state(path)
+        self.fresh = False
+
+    def rows(self) -> list[dict[str, Any]]:
+        if not self.fresh:
+            now = file_state(self.path)
+            if now is None or now == self.before:
+                return []
+            self.fresh = True
+        return file_rows(self.path)
 
 
 def _checkpoint_for(spec: RunSpec, step: int, deadline: float, done: Callable[[], bool]) -> str:
@@ -172,7 +189,7 @@ class VerlHealth:
         self.log = log
         self.poll_s = poll_s
         self.checkpoint_wait_s = checkpoint_wait_s
-        self.started = time.time()
+        self.rows = FreshRows(layout.verl_log(spec.path))
         self.done = threading.Event()
         self.stop_reason: str | None = None
         self.thread = threading.Thread(target=self._run, name="health-watch", daemon=True)
@@ -182,10 +199,9 @@ class VerlHealth:
         return self
 
     def _run(self) -> None:
-        path = layout.verl_log(self.spec.path)
         while not self.done.is_set():
             try:
-                stop = self.watcher.check(rows_since(path, self.started))
+                stop = self.watcher.check(self.rows.rows())
             except Exception as exc:  # noqa: BLE001 - a failed look must not end the watching
                 self.log(f"{PREFIX} {type(exc).__name__}: {exc}")
                 stop = None

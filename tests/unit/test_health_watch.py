@@ -78,7 +78,7 @@ def test_a_stop_is_in_the_history_status_shows_it_and_the_run_is_not_trained(tmp
     trees.verl_fsdp(spec.path, 3, world=1, lora=True)  # the final step's checkpoint: trained, were it not stopped
     write_verl_rows(spec, [0.0004, 0.0005, 0.04])
     health = health_watch.VerlHealth(spec, log=lambda m: None, poll_s=0.05)
-    health.started = 0.0
+    health.rows.before = None  # as if verl had written the file after the job started
     health.start()
     deadline = time.monotonic() + 20
     while health.stop_reason is None and time.monotonic() < deadline:
@@ -106,9 +106,12 @@ def test_rows_of_a_former_start_are_not_read(tmp_path: Path) -> None:
     are a former start's (a resumed run must not stop on the finding that stopped it before)."""
     spec = verl_run(tmp_path)
     write_verl_rows(spec, [0.5, 0.5])
-    path = layout.verl_log(spec.path)
-    assert health_watch.rows_since(path, time.time() + 60) == []
-    assert [r["step"] for r in health_watch.rows_since(path, 0.0)] == [1, 2]
+    fresh = health_watch.FreshRows(layout.verl_log(spec.path))
+    assert fresh.rows() == []
+    write_verl_rows(spec, [0.0004])  # the new start's first step
+    assert [r["step"] for r in fresh.rows()] == [1]
+    missing = health_watch.FreshRows(tmp_path / "none.jsonl")
+    assert missing.rows() == []
 
 
 def test_the_driver_is_stopped_when_health_asks() -> None:
