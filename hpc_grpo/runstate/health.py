@@ -5,14 +5,16 @@ A pure function over the rows of runstate/metrics (our names, by step), for stat
 - weight_sync: the rollout is not the policy being trained (the weights or the LoRA adapter did not reach vLLM).
   verl compares each sampled token's probability under vLLM with the trainer's every step; SYNC_SIGNALS are its
   three numbers and their limits, and a step is flagged when at least two of those it logged are past their limits
-  (the one, when it logged one): one number near its limit is no alarm. The limits, from verl on CPU with vLLM
-  (docs/benchmarks.md, "Health"): 8 healthy runs on every engine (FSDP LoRA and full weights, 16 steps each;
-  Megatron TP 2 on 2 Slurm nodes, 12 steps; shorter ones) stayed at `training/rollout_probs_diff_mean` 2.8e-4 to
-  2.7e-3, `training/rollout_actor_probs_pearson_corr` 0.9986 or more and `rollout_corr/kl` 0.0043 or less; the
-  LoRA run with the sync broken on purpose (engines/sync_break) matches at step 1 (a new adapter is the base
-  model) and shows 0.0058 / 0.92 / 0.098 at step 2 and 0.0078 / 0.68 / 0.29 at step 3 (a second run of it:
-  0.0046 / 0.94 / 0.11 at step 2). The limits sit between: 0.005 (the closest call: 1.9x the healthy maximum, and
-  the second run's step 2 stayed under it), 0.99 and 0.02.
+  (the one, when it logged one): one number past its limit is no alarm. The limits, from verl on CPU with vLLM
+  (docs/benchmarks.md, "Health"): 10 healthy runs on every engine (FSDP LoRA and full weights, 16 steps each;
+  Megatron TP 2 and PP 2 on 2 Slurm nodes, 12 steps, one across a preemption; shorter ones) stayed at
+  `training/rollout_probs_diff_mean` 2.8e-4 to 5.8e-3 (Megatron PP 2 climbing steadily to step 12; the others
+  2.7e-3 or less), `training/rollout_actor_probs_pearson_corr` 0.9970 or more and `rollout_corr/kl` 0.0065 or less;
+  the LoRA run with the sync broken on purpose (engines/sync_break) matches at step 1 (a new adapter is the base
+  model) and shows 0.0058 / 0.92 / 0.098 at step 2 and 0.0078 / 0.68 / 0.29 at step 3 (two more runs of it:
+  0.0046 / 0.94 / 0.11 and 0.0060 / 0.89 / 0.070 at step 2). The limits: 0.005, 0.99 and 0.02. The diff mean
+  alone does not separate the two (the healthy PP 2 run passed 0.005, a broken run's step 2 did not): the
+  correlation and the KL do, by 3x or more on either side, hence the vote of two.
 - nan: a loss, grad norm, KL or entropy that is logged but not a finite number.
 - zero_reward: a mean reward of exactly 0 for ZERO_REWARD_STEPS logged steps in a row (every sample scored 0: a
   reward function that never matches, a wrong data column).
