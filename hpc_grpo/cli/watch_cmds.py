@@ -63,6 +63,10 @@ def print_status(status: Any) -> None:
         from rich.markup import escape
 
         out.print(f"[yellow]accepted when the run was made (--accept {escape(acc.check)}):[/] {escape(acc.finding)}")
+    for line in status.warnings:
+        from rich.markup import escape
+
+        out.print(f"[bold red]WARNING:[/] {escape(line)}")
     for failure in status.failures:
         out.print(f"[bold red]stopped:[/] {failure}")
     for problem in status.health:

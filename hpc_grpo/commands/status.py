@@ -19,6 +19,7 @@ from hpc_grpo.config.resolve import load_frozen, load_raw
 from hpc_grpo.config.cluster import Cluster
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.engines import sync_break
 
 
 def runs_roots() -> list[Path]:
@@ -97,6 +98,7 @@ class RunStatus:
     logs: list[str] = field(default_factory=list)
     trained: str | None = None  # "trained (...)" once the run is trained (train_done.json or its final checkpoint)
     health: list[str] = field(default_factory=list)  # runstate/health's findings on the logged steps
+    warnings: list[str] = field(default_factory=list)  # a test hook on here or in a job of the run (sync_break)
 
     @property
     def time_used_s(self) -> int:
@@ -108,7 +110,7 @@ class RunStatus:
                 "last_step": self.last_step, "newest_checkpoint": self.newest_checkpoint,
                 "complete_checkpoints": self.complete_checkpoints, "time_used_s": self.time_used_s, "logs": self.logs,
                 "restarts": [r.__dict__ for r in self.restarts], "failures": self.failures,
-                "trained": self.trained, "health": self.health, "accepted": [a.model_dump() for a in self.spec.accepted]}
+                "trained": self.trained, "health": self.health, "warnings": self.warnings, "accepted": [a.model_dump() for a in self.spec.accepted]}
 
 
 def checkpoints(spec: RunSpec) -> list[ck.Checkpoint]:
@@ -164,7 +166,18 @@ def run_status(run_dir: Path) -> RunStatus:
     status.last_step = last_step(spec)
     status.trained = trained_line(trained.decide(spec), status.jobs, events)
     status.health = [h.message for h in run_health(engine_metrics.run_metrics(spec.path).rows)]
+    status.warnings = test_hook_warnings(events)
     return status
+
+
+def test_hook_warnings(events: list[runs.HistoryEntry]) -> list[str]:
+    """The weight-sync break (engines/sync_break), loudly: on in this shell, or on in a job of the run."""
+    out = [f"in this shell: {sync_break.warning()}"] if sync_break.enabled() else []
+    jobs = list(dict.fromkeys(e.job_id for e in events if e.purpose == "start" and e.data.get("test_hook")))
+    if jobs:
+        out.append(f"job(s) {', '.join(jobs)} ran with {sync_break.ENV}=1: the weight sync was broken on purpose "
+                   "(a test run; its findings and numbers say nothing of a real run)")
+    return out
 
 
 def job_succeeded(run_dir: Path, job_id: str, fallback_state: str | None = None) -> bool:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from hpc_grpo.common.closest import closest
 from hpc_grpo.common.slurm_time import parse_time_minutes
 from hpc_grpo.config.cluster import Cluster
 from hpc_grpo.config.engine_traits import traits_of
@@ -450,6 +451,11 @@ class Launch(Strict):
                                     "to join before the job fails, naming the missing nodes")
 
 
+# The findings runstate/health reports from a run's metric rows, by name (what `health.stop_on` may list):
+# weight_sync (the rollout is not the policy being trained), nan, zero_reward, entropy_collapse.
+HEALTH_KINDS = ("weight_sync", "nan", "zero_reward", "entropy_collapse")
+
+
 class Health(Strict):
     """What healthy training of this recipe looks like: status's health hints judge the run's numbers against it,
     not against a 3B run's. The defaults are the reference GPU run's (docs/benchmarks.md); a demo declares its own
@@ -462,6 +468,19 @@ class Health(Strict):
                                          "data.max_response_length (a demo's short limit): no cut-off hint")
     reward_note: str = Field(default="", description="one line on what this recipe's reward means (a demo: the "
                              "format bonus, 0% expected on the eval), printed by submit, status and report")
+    stop_on: list[str] = Field(default_factory=list, description="health findings that stop the job cleanly (a "
+                               "checkpoint, then the reason in the run's history; `hpc-grpo resume` goes on): any "
+                               f"of {', '.join(HEALTH_KINDS)}. Every finding is logged and shown by status either way")
+
+    @field_validator("stop_on")
+    @classmethod
+    def _stop_on(cls, v: list[str]) -> list[str]:
+        for kind in v:
+            if kind not in HEALTH_KINDS:
+                near = closest(kind, HEALTH_KINDS)
+                raise ValueError(f"unknown health finding {kind!r}{f' (did you mean {near!r}?)' if near else ''}: "
+                                 f"use any of {', '.join(HEALTH_KINDS)}")
+        return list(dict.fromkeys(v))
 
 
 class Recipe(Strict):
@@ -488,7 +507,7 @@ class Recipe(Strict):
     eval: Eval = Field(default_factory=Eval, description="evaluation after training")
     launch: Launch = Field(default_factory=Launch, description="the job's driver and Ray start-up")
     health: Health = Field(default_factory=Health, description="what healthy training of this recipe looks like "
-                           "(status's hints)")
+                           "(status's hints), and which findings stop the job")
     passthrough: dict[str, Any] = Field(
         default_factory=dict, description="engine keys the schema does not model, verbatim"
     )

@@ -13,11 +13,14 @@ rollout.name=vllm), except one alias that the pinned verl needs on vLLM 0.32 any
   'weight_loader'", then "BufferError: cannot close exported pointers exist"). With `ENABLE` set, plain linear
   and embedding layers keep their weights and multiply with `torch.nn.functional.linear`, so every update lands
   in place. This trades vLLM's CPU GEMM speed for updatable weights: a training-time sampler, not a server.
+The test hook `HPC_GRPO_TEST_BREAK_WEIGHT_SYNC=1` (engines/sync_break) is installed here too, on any cluster.
 """
 
 from __future__ import annotations
 
 import os
+
+from hpc_grpo.engines import sync_break
 
 ENABLE = "HPC_GRPO_VLLM_CPU"
 
@@ -70,4 +73,6 @@ def register() -> None:
         pass
     if os.environ.get(ENABLE) == "1":
         _keep_plain_weights()
+    if sync_break.enabled():  # a test hook (engines/sync_break), on CPU and GPU alike
+        sync_break.install()
 

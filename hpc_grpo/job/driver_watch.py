@@ -4,6 +4,7 @@ Why: verl waits forever on a dead vLLM engine (hpc_grpo.engines.rollout_faults),
 killer costs the rest of the allocation. Every line still reaches the job's log unchanged (stdout to stdout, stderr
 to stderr); a line that names an unrecoverable rollout failure starts a grace period, after which the driver is
 stopped and the job fails with that line in its log. `hpc-grpo resume` then continues from the newest checkpoint.
+The same loop stops the driver when the job's health watch asks (job/health_watch: `health.stop_on`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from typing import IO
 
 from hpc_grpo.engines.rollout_faults import GRACE_S, fatal_rollout_reason
+from hpc_grpo.job.health_watch import HEALTH_STOPPED
 
 # The status a job whose driver was stopped this way exits with (as a shell reports a SIGTERM'd child).
 STOPPED_STATUS = 143
@@ -57,9 +59,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def run_watched(argv: list[str], env: dict[str, str], log: Callable[[str], None], grace_s: float = GRACE_S) -> int:
-    """The driver's exit status; STOPPED_STATUS when it was stopped after a fatal rollout line. On our own way out
-    (a signal), the driver is stopped too, never left behind."""
+def run_watched(argv: list[str], env: dict[str, str], log: Callable[[str], None], grace_s: float = GRACE_S,
+                stop_when: Callable[[], str | None] | None = None) -> int:
+    """The driver's exit status; STOPPED_STATUS when it was stopped after a fatal rollout line, HEALTH_STOPPED when
+    `stop_when` gave a reason (job/health_watch: a finding the recipe stops on). On our own way out (a signal), the
+    driver is stopped too, never left behind."""
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     fault = _Fault()
     pumps = [threading.Thread(target=_pump, args=(src, dst, fault), daemon=True)
@@ -70,6 +74,11 @@ def run_watched(argv: list[str], env: dict[str, str], log: Callable[[str], None]
     try:
         while proc.poll() is None:
             time.sleep(0.5)
+            why = stop_when() if stop_when is not None else None
+            if why:
+                _stop(proc)
+                log(f"driver stopped: {why}")
+                return HEALTH_STOPPED
             if fault.line is None:
                 continue
             if not announced:

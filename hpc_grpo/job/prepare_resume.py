@@ -34,7 +34,7 @@ from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout, runs
 from hpc_grpo.common.atomic import write_text_atomic
 from hpc_grpo.cluster.job_env import job_identity, restart_count
-from hpc_grpo.engines import get_engine
+from hpc_grpo.engines import get_engine, sync_break
 
 if TYPE_CHECKING:
     from hpc_grpo.config.spec import RunSpec
@@ -109,6 +109,8 @@ def record(run_dir: Path, prepared: Prepared, job_id: str, executor: str) -> Non
     data = prepared.as_dict()
     data["restart_count"] = restart_count()
     data["host"] = os.uname().nodename
+    if sync_break.enabled():
+        data["test_hook"] = sync_break.ENV  # status warns about this start (engines/sync_break)
     runs.append_history(Path(run_dir), job_id, "start", executor, note=prepared.summary(), data=data)
 
 

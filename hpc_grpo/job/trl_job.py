@@ -28,9 +28,9 @@ from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout, runs, sweeps
 from hpc_grpo.common.atomic import write_json_atomic, write_text_atomic as write_atomic
 from hpc_grpo.runstate.checkpoints import Checkpoint
-from hpc_grpo.runstate.metrics import parse_record, read_raw
+from hpc_grpo.runstate.metrics import file_rows, parse_record, read_raw
 from hpc_grpo.engines.trl import TrlEngine, grpo_config_kwargs, lora_config_kwargs
-from hpc_grpo.job import disk, prepare_resume, save_signal
+from hpc_grpo.job import disk, health_watch, prepare_resume, save_signal
 from hpc_grpo.job.early_stop import Plateau, halved
 from hpc_grpo.runstate.prune import job_prune
 from hpc_grpo.runstate import save_request
@@ -366,6 +366,26 @@ def replayed_plateau(spec: RunSpec) -> Plateau | None:
     return plateau
 
 
+def health_callback(path: Path, watcher: health_watch.Watcher) -> Any:
+    """A TrainerCallback after the metrics one: the health findings of the rows so far (job/health_watch); a
+    finding `health.stop_on` names saves this step (the trainer saves after on_log) and stops training; a NaN
+    stops without saving."""
+    from transformers import TrainerCallback
+
+    class HealthCallback(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> Any:
+            if not state.is_world_process_zero or not logs or not ("loss" in logs or "reward" in logs):
+                return control
+            stop = watcher.check(file_rows(path))
+            if stop is not None:
+                # after a non-finite update the weights may be NaN: no save of this step, the newest one stays
+                control.should_save = control.should_save or stop.kind != "nan"
+                control.should_training_stop = True
+            return control
+
+    return HealthCallback()
+
+
 # --------------------------------------------------------------------------------------------- main
 def start_point(spec: RunSpec, spec_path: Path, t0: float) -> tuple[Checkpoint | None, dict[str, Any] | None]:
     """(the checkpoint to resume from, the finished result when there is nothing left to train), decided from
@@ -446,8 +466,12 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
 
     plateau = replayed_plateau(spec)
     halving = halving_of(spec)
-    trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal, plateau, halving)
+    watcher = health_watch.Watcher(spec, say=log, alert=health_watch.alerter(spec),
+                                   after_step=resume.step if resume else 0)
+    trainer = build_trainer(spec, model_path, dataset, use_cpu, on_signal, watcher, plateau, halving)
     result = run_trainer(trainer, spec, resume)
+    if watcher.stop is not None and trainer.state.global_step < trainer.state.max_steps:
+        return stopped_by_health(Path(spec.run_dir), trainer.state.global_step, watcher)
     if halving is not None and halving.stopped is not None and trainer.state.global_step < trainer.state.max_steps:
         return halted(spec, trainer.state.global_step, halving.stopped)
     return trained(spec, trainer, result, resume, t0, on_signal, plateau)
@@ -464,11 +488,24 @@ def halted(spec: RunSpec, step: int, why: dict[str, Any]) -> dict[str, Any]:
     return {"halted": True, "final_step": step}
 
 
+def stopped_by_health(run_dir: Path, step: int, watcher: health_watch.Watcher) -> dict[str, Any]:
+    """Training stopped on a health finding (health.stop_on) after saving this step: the reason in the history,
+    no train_done.json (the run is not trained)."""
+    saved = ck.newest_complete(ck.list_checkpoints(run_dir, ENGINE))
+    what = ("no complete checkpoint: a resume starts from the beginning" if saved is None else
+            f"checkpoint step {saved.step} saved" if saved.step == step else
+            f"the newest checkpoint is step {saved.step}")
+    watcher.record_stop(run_dir, what)
+    log(f"stopped by health at step {step}: {what}")
+    return {"stopped_by_health": True, "final_step": step}
+
+
 def build_trainer(spec: RunSpec, model_path: str, dataset: Any, use_cpu: bool,
-                  on_signal: save_signal.SaveOnSignal | None, plateau: Plateau | None = None,
-                  halving: Halving | None = None) -> Any:
-    """trl's GRPOTrainer for the spec, with our callbacks: one metrics line per step, saves under the checkpoint
-    lock, retention after each save, and (with on_signal) a save at the step end after a USR2."""
+                  on_signal: save_signal.SaveOnSignal | None, watcher: health_watch.Watcher,
+                  plateau: Plateau | None = None, halving: Halving | None = None) -> Any:
+    """trl's GRPOTrainer for the spec, with our callbacks: one metrics line per step, its health (a save and a stop
+    on a finding health.stop_on names), saves under the checkpoint lock, retention after each save, and (with
+    on_signal) a save at the step end after a USR2."""
     from peft import LoraConfig
     from transformers import PrinterCallback
     from trl import GRPOTrainer
@@ -494,6 +531,7 @@ def build_trainer(spec: RunSpec, model_path: str, dataset: Any, use_cpu: bool,
     )
     trainer.remove_callback(PrinterCallback)  # prints every raw log dict; ours prints one line per step
     trainer.add_callback(metrics_callback(layout.metrics_file(run_dir), config.max_steps, halving))
+    trainer.add_callback(health_callback(layout.metrics_file(run_dir), watcher))
     lock_saves(trainer, run_dir)
     trainer.add_callback(prune_callback(run_dir))
     if on_signal is not None:
@@ -626,6 +664,8 @@ def main(argv: list[str] | None = None) -> int:
     except (JobError, SpecError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    if result.get("stopped_by_health"):
+        return health_watch.HEALTH_STOPPED
     return save_request.STOPPED_FOR_REQUEUE if result.get("stopped_on_signal") else 0
 
 

@@ -3,7 +3,8 @@
 Run once per node by scripts/launch.sh (one Slurm task per node; cluster=local: one node, no Slurm). Node 0 runs
 resume preparation, starts the Ray head, waits (polling, with a deadline) until every node has joined, prunes once,
 runs the driver with RAY_ADDRESS and the resume overrides while a prune poller watches the checkpoints (and
-hpc_grpo.job.driver_watch reads its output: a dead rollout engine stops it instead of hanging it), prunes once
+hpc_grpo.job.driver_watch reads its output: a dead rollout engine stops it instead of hanging it; and
+hpc_grpo.job.health_watch its metric rows: findings logged, a finding in `health.stop_on` stops it), prunes once
 more, checks the disk when the driver failed, and stops its Ray once the workers have left. The other nodes start a
 Ray worker that joins the head and stay until node 0's driver has exited. The decisions (ports, arguments,
 environment, files) are hpc_grpo.job.node_plan's pure functions; where the node is comes from hpc_grpo.cluster.job_env.
@@ -203,19 +204,26 @@ def _drive(o: Options, argv: list[str], env: dict[str, str]) -> int:
     """Retention is hpc-grpo's (verl's max_actor_ckpt_to_keep is off): once now, after resume preparation; after
     each save by a poller beside the driver (verl has no save hook); once more at the end. A prune never fails the
     job. A failed driver gets the disk check: verl does not say when a save failed for want of space."""
-    from hpc_grpo.job import disk, prune_poller
+    from hpc_grpo.config.resolve import load_frozen
+    from hpc_grpo.engines import sync_break
+    from hpc_grpo.job import disk, health_watch, prune_poller
 
     verl_file = verl_log(o.run_dir)
     prune_poller.prune_once(o.run_dir, "job start")
+    if sync_break.enabled(env):
+        log(sync_break.warning(), err=True)
     thread, stop = prune_poller.start_thread(o.run_dir, verl_log=verl_file)
+    health = health_watch.VerlHealth(load_frozen(o.spec), log).start()
     try:
-        status = node_plan.exit_status(driver_watch.run_watched(argv, env, log))
+        status = node_plan.exit_status(driver_watch.run_watched(argv, env, log,
+                                                                stop_when=lambda: health.stop_reason))
         log(f"driver exited with status {status}")
     finally:
+        health.close()
         stop.set()
         thread.join(timeout=30)
     prune_poller.prune_once(o.run_dir, "run end", verl_file)
-    if status != 0:
+    if status not in (0, health_watch.HEALTH_STOPPED):
         disk.check_after_failure(o.spec)
     return status
 

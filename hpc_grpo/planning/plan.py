@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpc_grpo.engines import get_engine
+from hpc_grpo.engines import get_engine, sync_break
 from hpc_grpo.engines.verl_checks import check_batches, check_layout, check_rollout
 from hpc_grpo.common.findings import Finding, Severity, cannot_read, error, has_errors, info, warning
 from hpc_grpo.config.layout import Layout, layout_of
@@ -53,6 +53,8 @@ class Plan:
 def check_environment(spec: RunSpec, for_submit: bool) -> list[Finding]:
     r = spec.recipe
     out: list[Finding] = []
+    if sync_break.enabled():  # a test hook, inherited by the job from this environment: said loudly
+        out.append(warning("environment", sync_break.warning(), f"`unset {sync_break.ENV}`"))
     if "wandb" in r.logging.logger and os.environ.get("WANDB_MODE") not in ("offline", "disabled"):
         netrc = Path.home() / ".netrc"
         try:

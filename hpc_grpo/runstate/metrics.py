@@ -141,8 +141,9 @@ class RunMetrics:
 
 
 def run_metrics(run_dir: Path, driver_logs: list[Path] | None = None) -> RunMetrics:
-    """RUN/metrics.jsonl when it has rows (trl's, or verl's file logger copied by the prune poller), else verl's
-    console lines in the driver logs (oldest first: later allocations win). The logs also give verl's total."""
+    """RUN/metrics.jsonl when it has rows (trl's, or verl's file logger copied by the prune poller) with verl's file
+    logger's newer steps, else verl's console lines in the driver logs (oldest first: later allocations win). The
+    logs also give verl's total."""
     rows: dict[int, dict[str, Any]] = {}
     total = None
     for log in driver_logs or []:
@@ -154,8 +155,12 @@ def run_metrics(run_dir: Path, driver_logs: list[Path] | None = None) -> RunMetr
         total = t or total
     path = layout.metrics_file(run_dir)
     logged = file_rows(path)
-    if logged:
-        return RunMetrics(logged, total, str(path))
+    # verl's file logger itself: the steps of the running start before the prune poller has copied them (it looks
+    # every 20 s), so status and watch show a step, and its health, when verl logs it
+    live = {r["step"]: r for r in file_rows(layout.verl_log(run_dir))}
+    if logged or live:
+        merged = {**{r["step"]: r for r in logged}, **live}
+        return RunMetrics([merged[k] for k in sorted(merged)], total, str(path) if logged else str(layout.verl_log(run_dir)))
     source = "verl console metric lines (step:N - key:value) in the driver logs" if rows else ""
     return RunMetrics([rows[k] for k in sorted(rows)], total, source)
 

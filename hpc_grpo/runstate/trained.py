@@ -2,7 +2,8 @@
 
 A run is trained when its training wrote train_done.json, or when its newest complete checkpoint is at the run's
 final step: a verl run can save its last checkpoint and then fail in W&B's teardown, and that policy is as
-trained as any. The eval job is queued `afterany` the training job (Slurm keeps one job id across
+trained as any, unless a health finding stopped it (health.stop_on: its checkpoint may well be the last one).
+The eval job is queued `afterany` the training job (Slurm keeps one job id across
 requeues, so the dependency resolves only at that job's final end) and asks this module first, so a job that ended
 before its last save (a failure, a time limit with no requeue left, a cancel) never gets a premature evaluation.
 Light on purpose (status imports it): no torch.
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_grpo.runstate import checkpoints as ck
-from hpc_grpo.runstate import layout
+from hpc_grpo.runstate import layout, runs
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.config.steps import total_steps as from_recipe
 
@@ -39,6 +40,17 @@ def done_record(run_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def health_stop(run_dir: Path) -> str | None:
+    """Why the run's latest job stopped on a health finding (health.stop_on), when it did and no job has started
+    since (a resume goes on from its checkpoint); else None."""
+    for entry in reversed(runs.read_history(run_dir)):
+        if entry.purpose == "start":
+            return None
+        if entry.purpose == "failed" and entry.data.get("cause") == "health":
+            return entry.note
+    return None
 
 
 def total_steps(spec: RunSpec, newest: ck.Checkpoint | None) -> tuple[int | None, str]:
@@ -64,6 +76,9 @@ def decide(spec: RunSpec, live_training: dict[str, str] | None = None) -> Traine
     if live_training:
         jobs = ", ".join(f"{j} ({s})" for j, s in live_training.items())
         return Trained(False, f"training job {jobs} has not ended: its run is not finished yet")
+    stop = health_stop(run_dir)
+    if stop is not None:
+        return Trained(False, stop)
     newest = ck.newest_complete(ck.list_checkpoints(run_dir, spec.recipe.engine))
     if newest is None:
         return Trained(False, f"no {layout.DONE_FILE} and no complete checkpoint in {layout.checkpoints_dir(run_dir)}")

@@ -173,6 +173,12 @@ def test_verl_lifecycle_preempted_resumed_pruned_evaluated(env: Env) -> None:
     diffs = [m["training/rollout_probs_diff_mean"] for m in logged_metrics(run_dir, "verl").values()
              if "training/rollout_probs_diff_mean" in m]
     assert len(diffs) == STEPS and max(diffs) < 0.01, diffs
+    # no health finding on this healthy run (vLLM with the adapter, across a preemption), nor a line in the job log
+    from hpc_grpo.job.health_watch import PREFIX
+    from hpc_grpo.runstate.health import run_health
+
+    assert [h.message for h in run_health(metrics.run_metrics(run_dir).rows)] == []
+    assert PREFIX not in log, [line for line in log.splitlines() if PREFIX in line]
     print(f"\nverl lifecycle: preempted after step {before}, resumed from {resumed_from}, "
           f"reward {trend.first:.3f} -> {trend.last:.3f} (first/last {trend.k} steps), "
           f"{time.monotonic() - started:.0f} s to the eval result")

@@ -38,6 +38,8 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("negative-train", {}, ["recipe=qwen2.5-3b-gsm8k-lora", "batch.train=-4"], "batch.train"),
     ("zero-mini", {}, ["recipe=qwen2.5-3b-gsm8k-lora", "batch.mini=0"], "batch.mini"),
     ("zero-tp", {}, ["recipe=qwen2.5-7b-codegen", "parallel.tp=0"], "parallel.tp"),
+    ("health-stop-on-typo", {}, ["recipe=qwen2.5-3b-gsm8k-lora", "health.stop_on=[weight_synk]"],
+     "did you mean 'weight_sync'"),
     ("tp-word", {}, ["recipe=qwen2.5-7b-codegen", "parallel.tp=two"], "parallel.tp"),
     ("negative-nodes", {}, ["recipe=qwen2.5-7b-codegen", "resources.nodes=-1"], "resources.nodes"),
     ("bad-time", {}, ["recipe=qwen2.5-7b-codegen", "resources.time=25:99:00"], "resources.time"),

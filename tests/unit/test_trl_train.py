@@ -213,6 +213,43 @@ def test_kill_then_rerun_is_bit_identical(work: dict[str, Path], run_a: RunSpec)
     assert elapsed_again < 30
 
 
+def test_a_health_stop_saves_the_flagged_step_and_resume_goes_on(work: dict[str, Path]) -> None:
+    """trl's side of health.stop_on: with GSM8K's strict scorer the random tiny model scores 0 on every sample, so
+    zero_reward is flagged at step 5; the job saves that step, stops (exit status 3), says why in its log, in the
+    run's history and as a W&B alert (offline: W&B's own client, its run file standing in for the server), and the
+    run is not trained. A rerun (what a resume starts) does not stop again on the earlier job's finding."""
+    from hpc_grpo.job.health_watch import HEALTH_STOPPED, PREFIX
+    from hpc_grpo.runstate import runs, trained
+    from hpc_grpo.runstate.health import ZERO_REWARD_STEPS
+
+    env = job_env(work["root"])
+    spec = make_run(work, "zero", "grpo.reward=gsm8k_strict", "grpo.format_score=0", "health.stop_on=[zero_reward]",
+                    "logging.logger=[console,wandb]", "train.total_training_steps=6")
+    t0 = time.monotonic()
+    proc = subprocess.run(job_argv(spec), cwd=REPO, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    print(f"\nzero-reward run: stopped in {time.monotonic() - t0:.1f} s")
+    assert proc.returncode == HEALTH_STOPPED, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+    lines = [line for line in proc.stdout.splitlines() if PREFIX in line]
+    assert len(lines) == 1 and f"zero_reward: step {ZERO_REWARD_STEPS}:" in lines[0], lines
+    assert [r["step"] for r in metrics(spec)] == list(range(1, ZERO_REWARD_STEPS + 1))
+    newest = ck.newest_complete(ck.list_checkpoints(spec.path, "trl"))
+    assert newest is not None and newest.step == ZERO_REWARD_STEPS  # saved at the flagged step (save_freq is 2)
+    (stop,) = [e for e in runs.read_history(spec.path) if e.purpose == "failed"]
+    assert stop.note.startswith(f"stopped by health: zero_reward at step {ZERO_REWARD_STEPS} (mean reward 0 for ")
+    assert f"checkpoint step {ZERO_REWARD_STEPS} saved" in stop.note
+    assert not (spec.path / "train_done.json").exists() and not trained.decide(spec).trained
+    (record,) = list((spec.path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert f"hpc-grpo health: zero_reward at step {ZERO_REWARD_STEPS}".encode() in record.read_bytes()
+
+    # the rerun (what `hpc-grpo resume` starts) goes on from the saved step and judges its own steps only: one
+    # more zero-reward step is no finding, and it trains to the end
+    again = subprocess.run(job_argv(spec), cwd=REPO, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert f"resuming from {newest.path} (step {ZERO_REWARD_STEPS})" in again.stdout
+    assert PREFIX not in again.stdout and [r["step"] for r in metrics(spec)] == list(range(1, 7))
+    assert trained.decide(spec).trained and trained.health_stop(spec.path) is None
+
+
 # -------------------------------------------------------------------------- job helpers (no training)
 def fake_checkpoint(root: Path, step: int, skip: tuple[str, ...] = ()) -> Path:
     """A checkpoint-N folder in the formats transformers writes (safetensors, torch zip files)."""
