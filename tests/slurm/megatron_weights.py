@@ -10,6 +10,9 @@ argv: CHECKPOINT (a global_step_N folder) EXPORT (RUN/exports/step_N) BASE (the 
    copy on the last stage). The multiset needs no knowledge of megatron-core's buffer order, so a megatron-core
    upgrade does not break it, while one weight exported from another step or left at the base model's fails it;
 3. the export moved away from the base model (the comparison is not between two copies of the base).
+
+Exit 0: all hold; 3: all hold except that, under a pipeline, the first stage's copy of the tied embedding is not the
+export's (the last stage's copy is); 1: anything else.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from safetensors.torch import load_file
 # The distributed optimizer's buffers pad each bucket (and parameter starts); the padding is not always zero, so the
 # master weights hold the export's values plus at most this many others.
 PADDING_MAX = 4096
+TIED_APART = "tied embedding copies apart"  # and exit 3: the only mismatch is the first stage's embedding copy
 
 
 def master_values(ckpt: Path) -> torch.Tensor:
@@ -40,8 +44,9 @@ def master_values(ckpt: Path) -> torch.Tensor:
     return flat[flat != 0].to(torch.bfloat16)
 
 
-def export_values(export: Path, ckpt: Path) -> torch.Tensor:
-    """The export's nonzero values, each repeated as often as the model-parallel ranks hold it."""
+def export_values(export: Path, ckpt: Path, tied_copies: int = 2) -> torch.Tensor:
+    """The export's nonzero values, each repeated as often as the model-parallel ranks hold it (tied_copies: of the
+    tied embedding under a pipeline)."""
     weights: dict[str, torch.Tensor] = {}
     for f in sorted(export.glob("*.safetensors")):
         weights.update(load_file(f))
@@ -54,7 +59,7 @@ def export_values(export: Path, ckpt: Path) -> torch.Tensor:
         if name.endswith("norm.weight"):  # replicated on every TP rank
             copies = tp
         if name == "model.embed_tokens.weight" and pp > 1 and cfg.get("tie_word_embeddings"):
-            copies = 2  # the last stage's output layer holds its own copy of the tied embedding
+            copies = tied_copies  # the last stage's output layer holds its own copy of the tied embedding
         parts += [t.flatten()] * copies
     flat = torch.cat(parts).to(torch.bfloat16)
     return flat[flat != 0]
@@ -85,6 +90,11 @@ def main() -> None:
 
     got, want = master_values(ckpt), export_values(export, ckpt)
     missing = multiset_missing(want, got)
+    if missing and multiset_missing(export_values(export, ckpt, tied_copies=1), got) == 0:
+        # everything but one copy of the tied embedding is the trained state: the stages' two copies are apart
+        print(f"{TIED_APART}: {missing} of the export's embedding values are not the first pipeline stage's copy "
+              "(the export holds the last stage's output-layer copy; every other weight matches)")
+        sys.exit(3)
     assert missing == 0 and got.numel() - want.numel() < PADDING_MAX, (
         f"{missing} of the export's {want.numel()} nonzero values are not among the dist checkpoint's "
         f"{got.numel()} nonzero master weights (as bf16)")
