@@ -258,9 +258,10 @@ def submit(
 
 
 def rehearse(args: ArgsT = None, name: NameT = None) -> None:
-    """Rehearse a verl FSDP recipe on CPU before it gets GPUs: the tiny model, a handful of the recipe's own rows, two
-    steps with a checkpoint each, a resume, the export and one eval problem, through submit/resume/eval's own paths
-    (the cluster's partition with no GPU asked, or locally). Exit 0 passed, 1 a step failed, 2 bad input."""
+    """Rehearse a verl recipe (FSDP or Megatron) on CPU before it gets GPUs: the tiny model, a handful of the
+    recipe's own rows, two steps with a checkpoint each, a resume, the export and one eval problem, through
+    submit/resume/eval's own paths (the cluster's partition with no GPU asked, or locally). Exit 0 passed, 1 a step
+    failed, 2 bad input."""
     from hpc_grpo.commands.rehearse import run_rehearsal
 
     recipe, cluster, overrides = parse_args(args)

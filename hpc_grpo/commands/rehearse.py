@@ -1,5 +1,5 @@
-"""`hpc-grpo rehearse recipe=X [cluster=Y] [key=value ...]`: the user's verl FSDP recipe, shrunk onto CPU, run
-end to end through the product's own paths before it is given GPUs.
+"""`hpc-grpo rehearse recipe=X [cluster=Y] [key=value ...]`: the user's verl recipe (FSDP or Megatron), shrunk onto
+CPU, run end to end through the product's own paths before it is given GPUs.
 
 Why: a GPU run that dies on a reward function, a data column, a LoRA setting, the checkpoint layout, resume or the
 eval chain dies after its queue wait; a rehearsal finds it in minutes on a CPU partition (or locally). Everything
@@ -18,6 +18,9 @@ The rehearsal (each step through the product's functions, nothing re-implemented
 Megatron recipes keep their TP/PP/sequence-parallel layout (one CPU worker per model-parallel rank) and run
 verl's Megatron engine on CPU (hpc_grpo.engines.megatron_cpu); what Megatron cannot do there (offload, dynamic
 batches, fused kernels) is replaced and listed, and what cannot be replaced (LoRA, MoE, CP, VPP) is refused by plan.
+The report's exercised table then shows the layout megatron-core ran (the checkpoint's transformer_config.json)
+against the recipe's; NOT_EXERCISED lists what no CPU run reaches (Transformer Engine, packed sequences, NCCL,
+GPU memory).
 """
 
 from __future__ import annotations
@@ -252,6 +255,20 @@ class Evidence:
     eval_step: int | None = None
     eval_scores: dict[str, float] = field(default_factory=dict)
     eval_file: str | None = None
+    # Megatron: the layout megatron-core ran, from the newest checkpoint's actor/transformer_config.json
+    megatron_layout: MegatronLayout | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MegatronLayout:
+    """Tensor and pipeline parallel sizes and sequence parallel: what a Megatron recipe asks and what ran."""
+
+    tp: int
+    pp: int
+    sp: bool
+
+    def text(self) -> str:
+        return f"TP {self.tp} x PP {self.pp}, sequence parallel {'on' if self.sp else 'off'}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,9 +278,11 @@ class Check:
     evidence: str
 
 
-def judge(ev: Evidence, eval_expected: bool = True, val_expected: bool = False) -> list[Check]:
+def judge(ev: Evidence, eval_expected: bool = True, val_expected: bool = False,
+          megatron: MegatronLayout | None = None) -> list[Check]:
     """The exercised table: pure, so the report is unit-tested without a job. val_expected: the recipe validates
-    (train.test_freq > 0), so verl validates at its last step, in each job."""
+    (train.test_freq > 0), so verl validates at its last step, in each job. megatron: the recipe's Megatron layout,
+    which the rehearsal keeps and megatron-core must have run."""
     from hpc_grpo.runstate.checkpoints import folder_step
 
     want = list(range(1, RESUMED_STEPS + 1))
@@ -277,13 +296,21 @@ def judge(ev: Evidence, eval_expected: bool = True, val_expected: bool = False) 
               f"{layout.HISTORY_FILE}: job {ev.resume_job} start resumed from step {ev.resumed_from}" if ev.resume_job
               else f"no start event of a resumed job in {layout.HISTORY_FILE}"),
     ]
+    if megatron is not None:
+        from hpc_grpo.runstate.checkpoints import ACTOR
+
+        ran = ev.megatron_layout
+        checks.append(Check("Megatron layout (verl's Megatron engine on CPU, gloo)", ran == megatron,
+                            f"{ACTOR}/{MEGATRON_CONFIG}: {ran.text()} (the recipe's: {megatron.text()})" if ran
+                            else f"no {ACTOR}/{MEGATRON_CONFIG} in a complete checkpoint"))
     if val_expected:
         checks.append(Check("validation (the recipe's train.test_freq)", bool(ev.validated),
                             f"val-core metrics at steps: {', '.join(map(str, ev.validated)) or 'none'}"))
     if eval_expected:
         score = ", ".join(f"{k} {v:.3f}" for k, v in sorted(ev.eval_scores.items()))
         checks += [
-            Check("export (verl merger + peft merge)", ev.export is not None,
+            Check(f"export ({'mbridge HF weights' if megatron else 'verl merger + peft merge'})",
+                  ev.export is not None,
                   f"{ev.export} ({ev.export_how})" if ev.export else "no export folder"),
             Check("eval chain (eval job after training, eval.limit=1)",
                   ev.eval_step == RESUMED_STEPS and bool(ev.eval_scores),
@@ -314,12 +341,28 @@ def collect(run_dir: Path) -> Evidence:
         found = layout.exports_done(run_dir)
         folder = found[-1].parent if found else None
     return Evidence(
+        megatron_layout=megatron_layout(Path(complete[-1])) if complete else None,
         steps_logged=steps, validated=validated, checkpoints=complete,
         resumed_from=start.data.get("step") if start else None, resume_job=start.job_id if start else None,
         export=str(folder) if folder else None, export_how=export.export_info(folder).get("how", "") if folder else "",
         eval_step=last.get("step") if last else None,
         eval_scores=evaluate.metrics_of(last.get("scores", {})) if last else {},
         eval_file=str(layout.eval_result(run_dir, last["step"])) if last else None)
+
+
+MEGATRON_CONFIG = "transformer_config.json"  # verl's Megatron checkpoint: the TransformerConfig it trained with
+
+
+def megatron_layout(ckpt: Path) -> MegatronLayout | None:
+    """The layout a verl Megatron checkpoint was trained with; None for another engine or an unreadable file."""
+    from hpc_grpo.runstate.checkpoints import ACTOR
+
+    try:
+        tc = json.loads((ckpt / ACTOR / MEGATRON_CONFIG).read_text())
+        return MegatronLayout(int(tc["tensor_model_parallel_size"]), int(tc["pipeline_model_parallel_size"]),
+                              bool(tc["sequence_parallel"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 # ------------------------------------------------------------------------------------------- the run
@@ -479,8 +522,11 @@ def run_rehearsal(recipe: str, cluster: str, overrides: list[str], run_name: str
             wait(second.eval, "eval", say)
     except StepFailed as exc:
         out.failed = exc
+    p = spec.recipe.parallel
     out.checks = judge(collect(spec.path), eval_expected=original.recipe.eval.runs,
-                       val_expected=spec.recipe.train.test_freq > 0)
+                       val_expected=spec.recipe.train.test_freq > 0,
+                       megatron=MegatronLayout(p.tp, p.pp, p.sequence_parallel)
+                       if spec.recipe.backend == "megatron" else None)
     if out.failed is None and not out.ok:
         bad = next(c for c in out.checks if not c.ok)
         out.failed = StepFailed(bad.what, f"the jobs completed but the run directory lacks it: {bad.evidence}",

@@ -93,20 +93,26 @@ def train(tmp_path: Path, recipe: str, *overrides: str, steps: int = STEPS, ok: 
 
 
 def assert_launch_path(run: Path) -> None:
-    """No Slurm: the job's Ray on 127.0.0.2 in its own port block, torn down in order, no auth error."""
+    """No Slurm: each job's Ray on 127.0.0.2 in its own port block, torn down in order, no auth error; the last
+    job's driver exited 0 (a run resumed after a failed job has two)."""
     from hpc_grpo.config import ray_ports
     from hpc_grpo.config.resolve import load_frozen
     from hpc_grpo.job import node_plan
 
-    out = "\n".join(p.read_text(errors="replace") for p in sorted((run / "submitit").glob("*_0_log.out")))
-    job_id = next(p.name.split("_")[0] for p in (run / "submitit").glob("*_0_log.out"))
-    base = node_plan.ports(job_id, 0, ray_ports.parse(load_frozen(run / "spec.yaml").cluster.ray_ports)).gcs
-    assert 12000 <= base < 20000  # the local profile's range, apart from slurm-dev's nodes on this machine
-    events = [msg for _, msg in LOG_TS.findall(out)]
-    assert f"starting the Ray head on {os.uname().nodename} (127.0.0.2:{base}) for 1 node(s)" in events, events
-    assert "all 1 node(s) joined; starting the driver" in events and "driver exited with status 0" in events
-    assert events[-1] == "Ray head stopped", events[-5:]
+    block = ray_ports.parse(load_frozen(run / "spec.yaml").cluster.ray_ports)
+    logs = sorted((run / "submitit").glob("*_0_log.out"), key=lambda p: p.stat().st_mtime)
+    assert logs, list((run / "submitit").iterdir())
+    events: list[str] = []
+    for log in logs:
+        base = node_plan.ports(log.name.split("_")[0], 0, block).gcs
+        assert 12000 <= base < 20000  # the local profile's range, apart from slurm-dev's nodes on this machine
+        events = [msg for _, msg in LOG_TS.findall(log.read_text(errors="replace"))]
+        assert f"starting the Ray head on {os.uname().nodename} (127.0.0.2:{base}) for 1 node(s)" in events, events
+        assert "all 1 node(s) joined; starting the driver" in events, events
+        assert events[-1] == "Ray head stopped", (log.name, events[-5:])
+    assert "driver exited with status 0" in events, events
     err = "\n".join(p.read_text(errors="replace") for p in sorted((run / "submitit").glob("*_0_log.err")))
+    out = "\n".join(p.read_text(errors="replace") for p in logs)
     assert "InvalidAuthToken" not in out + err
 
 
@@ -141,8 +147,8 @@ def test_verl_learns(tmp_path: Path, sampler: str, weights: str, verl_slot: None
             "hf": f"left out of CI for time (~250 s; set {ALL_CASES}=1 to run it): the HF server's weight sync is "
                   "checked exactly by tests/unit/test_verl_cpu.py, and the trainer's learning by the vLLM runs",
             "full": f"left out of CI for time (~200 s; set {ALL_CASES}=1 to run it): full weights with the KL loss "
-                    "through vLLM's weight update learn in test_verl_megatron_learns[tp2] (the same vLLM plugin "
-                    "receives them), the vLLM LoRA sync on 2 Slurm nodes in tests/slurm/test_verl_lifecycle.py",
+                    "through vLLM's weight update learn in tests/slurm/test_verl_lifecycle.py[megatron-tp2] (the "
+                    "same vLLM plugin receives them), the vLLM LoRA sync in its fsdp-lora case",
         }.get(sampler if sampler == "hf" else weights)
         if reason:
             print(f"SKIP: {reason}")
@@ -190,16 +196,22 @@ def assert_sampler_follows(run: Path, steps: int = STEPS) -> None:
     assert_healthy(run)
 
 
-# verl's Megatron backend on CPU (tiny-verl-megatron: full weights, KL loss, vLLM's CPU build samples): the layouts
-# the headline recipe's backend runs. TP 2 in CI; the pipeline layout with HPC_GRPO_LEARNING_ALL=1 (time).
+# verl's Megatron backend on CPU (tiny-verl-megatron: full weights, KL loss, vLLM's CPU build samples) on one node,
+# without Slurm: the layouts the headline recipe's backend runs, with the local launch path. CI trains both layouts
+# on 2 Slurm nodes instead (tests/slurm/test_verl_lifecycle.py: learning across a preemption, TP 2 in CI);
+# HPC_GRPO_LEARNING_ALL=1 runs these there too.
 MEGATRON_STEPS = 12
 
 
 @pytest.mark.parametrize("layout", [pytest.param([], id="tp2"),
                                     pytest.param(["parallel.tp=1", "parallel.pp=2"], id="pp2")])
 def test_verl_megatron_learns(tmp_path: Path, layout: list[str], verl_slot: None) -> None:
-    if layout and os.environ.get("CI") == "true" and os.environ.get(ALL_CASES) != "1":
-        reason = f"left out of CI for time (set {ALL_CASES}=1 to run it): the TP 2 case trains the same engine"
+    if os.environ.get("CI") == "true" and os.environ.get(ALL_CASES) != "1":
+        case = "megatron-pp2" if layout else "megatron-tp2"
+        reason = (f"left out of CI for time (~245 s; set {ALL_CASES}=1 to run it): the same recipe learns through "
+                  f"Slurm in tests/slurm/test_verl_lifecycle.py[{case}] (2 nodes, preempted and resumed; "
+                  f"{'out of CI too, by hand' if layout else 'in CI'}); the local launch path rides on the other "
+                  "verl runs of cluster=local (tests/local/test_verl_local.py)")
         print(f"SKIP: {reason}")
         pytest.skip(reason)
     venv = _verl_venv("vllm")

