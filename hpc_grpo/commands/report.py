@@ -106,12 +106,7 @@ def draw(rep: Report, out: Path) -> Path:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
     draw_evals(axes.flat[4], rep)
     draw_last_eval(axes.flat[5], rep)
-    fig.suptitle(f"hpc-grpo report: {rep.run_name}", fontsize=11)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return save_figure(fig, f"hpc-grpo report: {rep.run_name}", out)
 
 
 def draw_evals(ax: Any, rep: Report) -> None:
@@ -252,7 +247,14 @@ def draw_sweep(rep: SweepReport, out: Path) -> Path:
             ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
-    fig.suptitle(f"hpc-grpo report: sweep {rep.name}", fontsize=11)
+    return save_figure(fig, f"hpc-grpo report: sweep {rep.name}", out)
+
+
+def save_figure(fig: Any, title: str, out: Path) -> Path:
+    """Title, lay out, write and close a report figure (pyplot keeps every open figure until it is closed)."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
