@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hpc_grpo.cli.console import Table, out, print_json
+from hpc_grpo.cli.console import Table, err, out, print_json
 from hpc_grpo.cli.options import JsonT, RunT
 from hpc_grpo.runstate import layout
 from hpc_grpo.runstate.layout import REPORT_FILE
@@ -113,9 +113,13 @@ def report(
     png: Annotated[Path | None, typer.Option(
         "--png", help=f"where to write the figure (default: RUN/{REPORT_FILE})")] = None,
     as_json: JsonT = False,
+    calibrate: Annotated[bool, typer.Option(
+        "--calibrate", help="record this run's measured step time and start-up as its cluster's calibration for "
+        "its engine: plan then predicts that cluster's runs from it")] = False,
 ) -> None:
-    """Training curves (reward, KL, response length, entropy) and GSM8K accuracy per step: a PNG and a summary. Given
-    a sweep, its members' reward and metric curves overlaid, the best marked."""
+    """Training curves (reward, KL, response length, entropy), accuracy per step, and the step and wall time
+    measured beside predicted: a PNG and a summary. Given a sweep, its members' reward and metric curves
+    overlaid, the best marked."""
     from hpc_grpo.commands import report as report_mod
     from hpc_grpo.commands.status import locate_run
     from hpc_grpo.commands.sweep import is_sweep, locate_sweep
@@ -131,16 +135,30 @@ def report(
             out.print(line, markup=False, highlight=False)
         out.print(f"Figure: {path}")
         return
+    from hpc_grpo.commands.run_timing import run_timing
+
     run_dir = locate_run(run)
     rep = report_mod.build(run_dir)
     path = report_mod.draw(rep, report_mod.figure_path(run_dir, png))
+    timing = run_timing(run_dir)
     if as_json:
         print_json({"run": rep.run_name, "source": rep.source, "curves": rep.steps, "evals": rep.evals,
-                    "figure": str(path)})
-        return
-    for line in rep.summary():
-        out.print(line)
-    out.print(f"Figure: {path}")
+                    "timing": None if timing is None else timing.as_dict(), "figure": str(path)})
+    else:
+        for line in [*rep.summary(), *([] if timing is None else timing.lines())]:
+            out.print(line, markup=False, highlight=False)
+        out.print(f"Figure: {path}")
+    if calibrate:
+        record_calibration(run_dir)
+
+
+def record_calibration(run_dir: Path) -> None:
+    from hpc_grpo.commands.run_timing import calibrate
+
+    where, cal = calibrate(run_dir)
+    err.print(f"calibration recorded in {where}: {cal.engine} on {cal.cluster}, {cal.step_s:.3g} s/step measured "
+              f"against {cal.model_step_s:.3g} s modelled (x{cal.scale:.3g}); plan predicts this cluster's "
+              f"{cal.engine} runs from it")
 
 
 def eval_code(

@@ -55,7 +55,8 @@ def print_plan(plan: Any) -> None:
         size = f"; {sched.size.describe()} each" if sched.size else "; size unknown (the model's config.json is not readable here)"
         out.print(f"  checkpoints (save_freq {sched.save_freq}) at steps {', '.join(map(str, sched.checkpoint_steps)) or 'none'}{size}")
         if sched.step_s:
-            out.print(f"  ~{sched.step_s:.0f} s per step (rough, calibrated on a 3B LoRA run on 4x A100): ~{sched.steps_in_time_limit} "
+            source = sched.step_source or "rough, calibrated on a 3B LoRA run on 4x A100"
+            out.print(f"  ~{sched.step_s:.3g} s per step ({escape_text(source)}): ~{sched.steps_in_time_limit} "
                       f"steps fit in resources.time {r.resources.time}")
     if plan.cost is not None:
         out.print(f"[bold]Cost[/]: {escape_text(plan.cost.describe())}")

@@ -2,8 +2,9 @@
 the start-up, plus the eval job's share) and the checkpoint disk over the run, each with where its figure comes from;
 and `--budget-gpu-hours`, which refuses a run (or a sweep) predicted over budget.
 
-The step time is planning.schedule's model, calibrated on one reference GPU run (its docstring): on other GPUs it
-is scaled by a rough speed table, and the figure says so. An engine without a step-time model (trl) has no
+The step time is planning.schedule's model: scaled by the cluster's own calibration where its runs root holds one
+(a finished run's measured step time and start-up, `report RUN --calibrate`), else calibrated on one reference GPU
+run (its docstring) and, on other GPUs, scaled by a rough speed table, and the figure says so. An engine without a step-time model (trl) has no
 prediction; a job without GPUs costs no GPU-hours. The eval job has no time model: its share is an upper bound,
 its GPUs for its whole time limit. Stdlib only.
 """
@@ -66,13 +67,13 @@ class Cost:
 
     def describe(self) -> str:
         wall, gh = self.wall_s, self.gpu_hours
+        timing = "" if wall is None else (f"~{_duration(wall)} wall ({self.steps} steps x ~{self.step_s:.3g} s + "
+                                          f"{_duration(self.startup_s)} start-up), ")
         if gh is None:
             head = f"no prediction ({self.source})"
         elif self.gpus == 0 and self.eval_gpus == 0:
-            head = "no GPU-hours (a CPU job)"
+            head = f"{timing}no GPU-hours (a CPU job)" + (f"; step time from {self.source}" if timing else "")
         else:
-            timing = "" if wall is None else (f"~{wall / 3600:.2f} h wall ({self.steps} steps x ~{self.step_s:.0f} s + "
-                                              f"{self.startup_s / 60:.0f} min start-up), ")
             head = (f"{timing}~{gh:.1f} GPU-hours on {self.gpus} GPU(s), the eval job's up to "
                     f"{self.eval_gpu_hours:.1f} included; step time from {self.source}")
         disk = ("" if self.disk_peak_gib is None else
@@ -86,6 +87,13 @@ class Cost:
                 "eval_gpu_hours_max": self.eval_gpu_hours, "checkpoint_gib": self.ckpt_gib,
                 "checkpoints_written": self.ckpts_written, "checkpoints_kept_max": self.ckpts_kept,
                 "disk_peak_gib": self.disk_peak_gib, "disk_written_gib": self.disk_written_gib, "source": self.source}
+
+
+def _duration(seconds: float) -> str:
+    """Hours for a run, minutes for a short one, seconds for a demo."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
 def step_time_source(spec: RunSpec) -> str:
@@ -112,7 +120,10 @@ def run_cost(spec: RunSpec, schedule: object | None) -> Cost:
     every = [s for s in ckpts if ck.keep_every and s % ck.keep_every == 0]
     kept = min(len(ckpts), ck.keep_last + len(every)) if ckpts else 0
     gpus = spec.recipe.resources.nodes * spec.gpus_per_node
-    if gpus == 0:
+    calibrated = str(getattr(schedule, "step_source", ""))
+    if calibrated:
+        source = calibrated
+    elif gpus == 0:
         source = "no GPUs: a CPU job costs no GPU-hours"
     elif step_s is None:
         source = f"no step-time model for the {spec.recipe.engine} engine: time a short run to know"
@@ -124,7 +135,9 @@ def run_cost(spec: RunSpec, schedule: object | None) -> Cost:
         e = None  # an eval placement plan refuses (its own finding says why): no share to count
     eval_gpus = e.gpus_per_node if e is not None else 0
     eval_s = float(e.recipe.resources.time_min * 60) if e is not None else 0.0
-    return Cost(steps, step_s, float(STARTUP_S) if step_s else 0.0, gpus, eval_gpus, eval_s,
+    measured_startup = getattr(schedule, "startup_s", None)
+    startup = float(measured_startup) if measured_startup is not None else float(STARTUP_S)
+    return Cost(steps, step_s, startup if step_s else 0.0, gpus, eval_gpus, eval_s,
                 None if size is None else size.gib, len(ckpts), kept, source)
 
 

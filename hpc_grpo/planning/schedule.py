@@ -7,7 +7,9 @@ trainer.total_training_steps is set. A checkpoint is written when `save_freq > 0
 multiple of save_freq OR the last step. A run whose save_freq exceeds its length therefore writes
 only the final checkpoint: a time limit or a crash before the end loses everything.
 
-The step time is a rough two-term estimate calibrated on a GRPO-LoRA run of Qwen2.5-3B-Instruct on 4x A100
+Where the cluster's runs root holds a calibration from the user's own run (runstate.calibration, written by
+`hpc-grpo report RUN --calibrate`), the model is scaled by that run's measured / modelled step time and its
+measured start-up replaces STARTUP_S: any engine, GPUs or CPU. Otherwise the step time is a rough two-term estimate calibrated on a GRPO-LoRA run of Qwen2.5-3B-Instruct on 4x A100
 (1024 prompts x n 5, 512 + 1024 tokens; docs/benchmarks.md, "Reference GPU run"): 105 steps took 6.5 h at n=5 and
 11 h at n=10 before its last tuning, 6 h (~206 s/step) after. A fixed part scales with the parameters each GPU holds (weight sync to
 vLLM, wake/sleep), a per-sample part with active parameters x tokens per GPU. Good to tens of percent.
@@ -25,8 +27,9 @@ from hpc_grpo.config.models import ModelShape
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.config.steps import dataset_rows
 from hpc_grpo.engines import get_engine
+from hpc_grpo.runstate.calibration import Calibration, newest
 
-__all__ = ["Schedule", "estimate_step_s", "make_schedule", "schedule_findings"]
+__all__ = ["Schedule", "estimate_step_s", "make_schedule", "predict_step", "schedule_findings"]
 
 # Calibration (the reference GPU run): 105 steps, n=5 -> 6.5 h, n=10 -> 11 h; the tuned n=5 run -> 6 h.
 _CAL_PARAMS_PER_GPU = 3.09e9 / 4
@@ -63,6 +66,8 @@ class Schedule:
     size: CheckpointSize | None
     step_s: float | None = None
     steps_in_time_limit: int | None = None
+    startup_s: float | None = None  # measured on this cluster (its calibration), else STARTUP_S applies
+    step_source: str = ""  # where step_s comes from when it is the cluster's own calibration
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
@@ -110,11 +115,37 @@ def make_schedule(spec: RunSpec, shape: ModelShape | None) -> Schedule:
     if shape is not None:
         size = checkpoint_size(r.engine, r.backend, shape.params, lora_params_of(spec, shape))
     sched = Schedule(rows, source, per_epoch, total, r.checkpoint.save_freq, ckpts, size)
-    if get_engine(r.engine).traits.step_time_model and shape is not None and spec.world_size:
-        sched.step_s = estimate_step_s(spec, shape)
-        budget = r.resources.time_min * 60 - STARTUP_S
+    if shape is not None:
+        sched.step_s, sched.startup_s, sched.step_source = predict_step(spec, shape)
+    if sched.step_s:
+        budget = r.resources.time_min * 60 - (sched.startup_s if sched.startup_s is not None else STARTUP_S)
         sched.steps_in_time_limit = max(0, math.floor(budget / sched.step_s))
     return sched
+
+
+def predict_step(spec: RunSpec, shape: ModelShape, exclude_run: str | None = None
+                 ) -> tuple[float | None, float | None, str]:
+    """(seconds per step, measured start-up or None, the calibration it comes from or ''): scaled by this
+    cluster's newest calibration for the engine (not `exclude_run`'s own), else the reference GPU run's model for
+    an engine that has one, else (None, None, '')."""
+    cal = calibration_of(spec, exclude_run)
+    if cal is not None:
+        return estimate_step_s(spec, shape) * cal.scale, cal.startup_s, cal.describe()
+    if get_engine(spec.recipe.engine).traits.step_time_model and spec.world_size:
+        return estimate_step_s(spec, shape), None, ""
+    return None, None, ""
+
+
+def calibration_of(spec: RunSpec, exclude_run: str | None = None) -> Calibration | None:
+    """This cluster profile's newest calibration for the engine (runstate.calibration), read from its runs root
+    when this machine can see it."""
+    from hpc_grpo.common.yamlio import SpecError
+
+    try:
+        root = spec.cluster.runs_root_path()
+    except SpecError:
+        return None
+    return newest(root, spec.cluster.name, spec.recipe.engine, exclude_run)
 
 
 def _advise_save_freq(s: Schedule) -> int:

@@ -84,6 +84,7 @@ RESERVE_FILE = ".hpc-grpo-reserve"  # the job's ballast, removed first on a full
 REHEARSAL_DATA_DIR = "rehearsal-data"  # `hpc-grpo rehearse`: the shrunk data set
 REPORT_FILE = "report.png"
 BASE_EVALS_DIR = "_base-evals"  # in the runs root, not in a run directory
+CALIBRATION_FILE = "_step-time-calibration.jsonl"  # in the runs root: runstate.calibration
 SWEEP_FILE = "sweep.json"  # in a sweep's folder (RUNS_ROOT/SWEEP/), beside its members' run directories
 _MEMBER = "{sweep}-m{index}"  # a member's run name (and folder) in its sweep's folder
 ARRAY_JOB = "%A_%a"  # Slurm's file-name pattern of an array task's id (ARRAY_TASK), as submitit names it
@@ -274,3 +275,8 @@ def eval_tasks_dir(run_dir: PathLike) -> Path:
 def base_eval_file(runs_root: PathLike, key: str) -> Path:
     """Cached base-model scores under the runs root (shared by all nodes and all runs of that root)."""
     return Path(runs_root) / BASE_EVALS_DIR / f"{key}.json"
+
+
+def calibration_file(runs_root: PathLike) -> Path:
+    """The step-time calibrations of the runs under this root, one JSON line each (runstate.calibration)."""
+    return Path(runs_root) / CALIBRATION_FILE

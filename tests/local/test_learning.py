@@ -24,6 +24,7 @@ running verl on CPU (`.venv`'s hpc-grpo switching to `.venv-verl`) rides on test
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -58,7 +59,8 @@ def _verl_venv(sampler: str) -> Path:
     return VERL_VENV
 
 
-def train(tmp_path: Path, recipe: str, *overrides: str, steps: int = STEPS, ok: bool = True) -> tuple[Path, str]:
+def train(tmp_path: Path, recipe: str, *overrides: str, steps: int = STEPS, ok: bool = True,
+          name: str = "learn") -> tuple[Path, str]:
     """Train `recipe` on cluster=local through this interpreter's CLI; the run directory and what it printed.
     ok=False: the job is expected to stop before its end (the caller checks why)."""
     from hpc_grpo.data.gsm8k import prepare_gsm8k
@@ -76,16 +78,16 @@ def train(tmp_path: Path, recipe: str, *overrides: str, steps: int = STEPS, ok: 
             "SLURM_JOB_ID", "SLURM_CONF"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
     home = tmp_path / "home"
-    (home / ".ray").mkdir(parents=True)
+    (home / ".ray").mkdir(parents=True, exist_ok=True)
     (home / ".ray" / "auth_token").write_text(STRAY_TOKEN)
     env.update(HOME=str(home), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     argv = [sys.executable, "-m", "hpc_grpo.cli.app", "submit", f"recipe={recipe}", "cluster=local",
             f"cluster.runs_root={tmp_path / 'runs'}", f"model.path={model}", f"data.train_files={files[0]}",
             f"data.val_files={files[1]}", f"train.total_training_steps={steps}", "eval.enabled=false",
-            *overrides, "--name", "learn", "--wait"]
+            *overrides, "--name", name, "--wait"]
     proc = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=1800,
                           stdin=subprocess.DEVNULL, check=False)
-    run = tmp_path / "runs" / "learn"
+    run = tmp_path / "runs" / name
     logs = "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted((run / "submitit").glob("*_log.*")))
     assert (proc.returncode == 0) == ok, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:], logs)
     assert (home / ".ray" / "auth_token").read_text() == STRAY_TOKEN  # someone else's file: left alone
@@ -131,9 +133,29 @@ def assert_learns(run: Path, steps: int = STEPS) -> list[float]:
 
 
 def test_trl_learns(tmp_path: Path) -> None:
+    """Learning, and the step-time model calibrated on this machine: a 3-step run at half the batch is recorded
+    as the cluster's calibration (`report --calibrate`), and the learning run's step and wall time, as plan
+    predicts them from it, are within 2x of what the run measured (`report --json`)."""
+    calib = train(tmp_path, "tiny-gsm8k", "batch.train=4", "batch.mini=4", steps=3, name="calib")[0]
+    report(calib, "--calibrate")
     run = train(tmp_path, "tiny-gsm8k")[0]
     assert_learns(run)
     assert_healthy(run)
+    timing = json.loads(report(run, "--json"))["timing"]
+    print(f"{run}: timing {timing}")
+    assert "this cluster's calibration: run calib" in timing["source"], timing
+    for what in ("step_s", "wall_s"):
+        ratio = timing["measured"][what] / timing["predicted"][what]
+        assert 0.5 <= ratio <= 2.0, (what, ratio, timing)
+
+
+def report(run: Path, *args: str) -> str:
+    """`hpc-grpo report RUN ARGS` through this interpreter; its standard output."""
+    proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", "report", str(run), *args],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
 
 
 @pytest.mark.parametrize("sampler, weights", [
