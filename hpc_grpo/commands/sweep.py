@@ -19,6 +19,7 @@ from hpc_grpo.cluster import sbatch
 from hpc_grpo.commands.resume import ResumePlan, check_plan, plan_resume
 from hpc_grpo.commands.status import run_status, runs_roots
 from hpc_grpo.common.yamlio import SpecError
+from hpc_grpo.config.engine_traits import traits_of
 from hpc_grpo.config.fields import check_name
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.config.sweep_grid import members as grid_members
@@ -99,7 +100,7 @@ def check_halving(specs: list[RunSpec], manifest: Manifest) -> None:
         raise SpecError(f"--eta {manifest.eta}: at least 2 (a rung keeps the top 1/eta)", key="--eta")
     for spec, member in zip(specs, manifest.members):
         t = spec.recipe.train
-        if spec.recipe.engine != "trl":
+        if not traits_of(spec.recipe.engine).stops_between_steps:
             raise _refuse(member, f"is a {spec.recipe.engine} run: successive halving stops trl members only (verl has "
                           "no hook to save and stop between its steps)", "--rungs")
         if any(r < 1 or (t.total_training_steps and r >= t.total_training_steps) for r in manifest.rungs):

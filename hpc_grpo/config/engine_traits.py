@@ -44,6 +44,8 @@ class EngineTraits:
     no_schema_note: str
     # Plan models its step time (the schedule's steps-per-time-limit estimate).
     step_time_model: bool
+    # The job can save and stop between two steps on its own decision (a sweep's successive halving, early stop).
+    stops_between_steps: bool
 
 
 VERL = EngineTraits(
@@ -53,7 +55,7 @@ VERL = EngineTraits(
     # RLHFDataset's prompt_key plus what its reward manager reads (data_source picks the scorer,
     # reward_model.ground_truth is the answer).
     data_columns=(("prompt",), ("data_source",), ("reward_model",)), data_layout="verl's parquet", data_suffix=".parquet",
-    hydra_config=True, no_schema_note="", step_time_model=True,
+    hydra_config=True, no_schema_note="", step_time_model=True, stops_between_steps=False,
 )
 TRL = EngineTraits(
     name="trl", multi_node=False, cpu_mode=False,
@@ -62,6 +64,7 @@ TRL = EngineTraits(
     # The job's loader (job/trl_job.py) takes `ground_truth`, or derives it from verl's `reward_model`.
     data_columns=(("prompt",), ("ground_truth", "reward_model")), data_layout="trl's jsonl", data_suffix=".jsonl",
     hydra_config=False, no_schema_note="trl: GRPOConfig is built and checked in the job", step_time_model=False,
+    stops_between_steps=True,
 )
 TRAITS: dict[str, EngineTraits] = {t.name: t for t in (VERL, TRL)}
 ENGINE_NAMES: tuple[str, ...] = tuple(TRAITS)

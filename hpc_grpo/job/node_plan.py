@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from hpc_grpo.config import ray_ports
 from hpc_grpo.config.ray_ports import JOB_BLOCK, NODE_SLOT, SLOTS, PortRange
+from hpc_grpo.runstate import runs
 
 DEFAULT_AUTH_MODE = "disabled"
 
@@ -115,9 +116,11 @@ def node_environ(environ: Mapping[str, str]) -> dict[str, str]:
       vendor, and verl's workers refuse to run with both set; equal lists say nothing more. A real AMD setting
       (different) is kept.
     - RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0: a stopping node does not wait for drained tasks (the job is over).
+    - no inherited W&B service token (runstate.runs.drop_inherited_wandb_service).
     """
     env = dict(environ)
     env.pop("RAY_ADDRESS", None)
+    runs.drop_inherited_wandb_service(env)
     if env.get("ROCR_VISIBLE_DEVICES") and env["ROCR_VISIBLE_DEVICES"] == env.get("CUDA_VISIBLE_DEVICES", ""):
         del env["ROCR_VISIBLE_DEVICES"]
     env["RAY_AUTH_MODE"] = auth_mode(environ)

@@ -437,6 +437,7 @@ def train(spec: RunSpec, spec_path: Path, on_signal: save_signal.SaveOnSignal | 
         except isolation.IsolationRefused as exc:
             raise JobError(str(exc)) from None
 
+    runs.drop_inherited_wandb_service(os.environ)
     os.environ.update(wandb_env(spec))  # before the trainer (and so W&B) starts
 
     import warnings

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,6 +302,13 @@ def refuse_if_live(run_dir: Path) -> None:
             "before submitting into this run again",
             key="run",
         )
+
+
+def drop_inherited_wandb_service(env: MutableMapping[str, str]) -> None:
+    """A job starts W&B's service of its own. wandb puts its service token (WANDB_SERVICE) into the environment of
+    the process that started it, so a job launched from such a process would attach its run to that service, where
+    an earlier attempt's stream of the same run id may still be open ("run ID ... is in use")."""
+    env.pop("WANDB_SERVICE", None)
 
 
 def wandb_run_id(run_dir: Path) -> str:

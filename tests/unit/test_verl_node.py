@@ -72,8 +72,9 @@ def test_ray_is_started_on_this_interpreter(monkeypatch: pytest.MonkeyPatch) -> 
 # ------------------------------------------------------------------------------------------ environment and driver
 def test_node_environment() -> None:
     env = node_plan.node_environ({"RAY_ADDRESS": "elsewhere:6379", "PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1",
-                                  "ROCR_VISIBLE_DEVICES": "0,1"})
+                                  "ROCR_VISIBLE_DEVICES": "0,1", "WANDB_SERVICE": "3-1-unix-/tmp/wandb-1/socket"})
     assert "RAY_ADDRESS" not in env and "ROCR_VISIBLE_DEVICES" not in env
+    assert "WANDB_SERVICE" not in env  # the submitting process's W&B service is not this job's
     assert env["RAY_AUTH_MODE"] == "disabled" and env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
     assert env["PATH"] == "/bin"
     # a user's explicit choice holds for every Ray of the job
