@@ -70,13 +70,18 @@ def rehearse(tmp_path: Path, recipe: str, data: list[str]) -> tuple[str, Path, P
     return said, runs_root / name, home
 
 
-def test_rehearse_the_fsdp_lora_recipe_on_cpu(tmp_path: Path) -> None:
+def out_of_ci(engine_path: str, lifecycle_case: str) -> None:
+    """Skip in CI (time), saying why and what runs the same path there; HPC_GRPO_LEARNING_ALL=1 runs it."""
     if os.environ.get("CI") == "true" and os.environ.get(ALL_CASES) != "1":
-        reason = (f"left out of CI for time (~5 min; set {ALL_CASES}=1 to run it): FSDP + LoRA through vLLM's CPU build, "
-                  "its checkpoints, resume, verl's merger and the eval job run on slurm-dev in "
-                  "tests/slurm/test_verl_lifecycle.py[fsdp-lora]; this recipe's shrink in tests/unit/test_rehearse.py")
+        reason = (f"left out of CI for time (~5 min; set {ALL_CASES}=1 to run it): {engine_path}, its checkpoints, "
+                  f"resume, export and the eval job run on slurm-dev in tests/slurm/test_verl_lifecycle.py"
+                  f"[{lifecycle_case}]; the recipe's shrink in tests/unit/test_rehearse.py")
         print(f"SKIP: {reason}")
         pytest.skip(reason)
+
+
+def test_rehearse_the_fsdp_lora_recipe_on_cpu(tmp_path: Path) -> None:
+    out_of_ci("FSDP + LoRA through vLLM's CPU build", "fsdp-lora")
     said, run_dir, home = rehearse(tmp_path, "qwen2.5-3b-gsm8k-lora", ["gsm8k", "--source", str(GSM8K)])
     assert "Rehearsal passed" in said and "vLLM's CUDA kernels" in said and "NCCL" in said
     # .venv-verl has vLLM's CPU build (tools/setup-env.sh verl): the rehearsal runs verl's own vLLM rollout, says so,
@@ -136,12 +141,7 @@ def test_rehearse_the_megatron_codegen_recipe_on_cpu(tmp_path: Path) -> None:
     """The headline recipe (verl's Megatron engine, TP 2 + sequence parallel, the code execution reward, HumanEval)
     rehearsed on slurm-dev: its layout kept and run, its dist checkpoint resumed, mbridge's export evaluated, and
     the report saying what a CPU run does not reach."""
-    if os.environ.get("CI") == "true" and os.environ.get(ALL_CASES) != "1":
-        reason = (f"left out of CI for time (~5 min; set {ALL_CASES}=1 to run it): verl's Megatron engine on CPU, its "
-                  "checkpoint, resume, mbridge export and the eval job run on slurm-dev in "
-                  "tests/slurm/test_verl_lifecycle.py[megatron-tp2]; this recipe's shrink in tests/unit/test_rehearse.py")
-        print(f"SKIP: {reason}")
-        pytest.skip(reason)
+    out_of_ci("verl's Megatron engine on CPU", "megatron-tp2")
     said, run_dir, _ = rehearse(tmp_path, "qwen2.5-7b-codegen", ["codegen", "--source", "tiny"])
     flat = " ".join(said.split())
     assert "Rehearsal passed" in said
