@@ -34,6 +34,18 @@ def tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
+def require_verl_python(venv: Path) -> Path:
+    """VENV's python (verl's environment); a failure in CI, which builds it, and a printed skip elsewhere."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        reason = f"needs verl's environment at {venv}: build it with `bash tools/setup-env.sh verl`"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason, pytrace=False)
+        print(f"SKIP: {reason}")
+        pytest.skip(reason)
+    return python
+
+
 def require_gsm8k() -> Path:
     """The shared GSM8K files; a skip (with the reason printed) only off CI, where they must exist."""
     if not GSM8K_DIR.is_dir():

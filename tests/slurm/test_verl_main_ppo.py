@@ -39,6 +39,7 @@ from hpc_grpo.cluster import slurm
 from hpc_grpo.engines import get_engine
 from hpc_grpo.job import verl_node
 from hpc_grpo.config.resolve import load_frozen
+from tests.conftest import require_verl_python
 from tests.launch_script import node_argv
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster", "verl_slot")]
@@ -80,13 +81,7 @@ FORBIDDEN = {
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str], list[str]]:
-    py = VENV / "bin" / "python"
-    if not py.exists():
-        msg = f"{VENV} is missing: build it with `bash tools/setup-env.sh verl` (tools/run-tests.sh does)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg, pytrace=False)
-        print(f"SKIP: {msg}")
-        pytest.skip(msg)
+    require_verl_python(VENV)
     if not GSM8K.is_dir():
         pytest.fail(f"{GSM8K} is missing: the GSM8K files live in ../shared beside the checkout", pytrace=False)
     root = tmp_path_factory.mktemp("main-ppo")

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_verl_python
+
 from hpc_grpo.commands import status
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.engines import sync_break
@@ -172,13 +174,7 @@ def test_the_hook_lands_on_verls_vllm_update_only_with_the_variable() -> None:
     """In verl's own environment: hpc-grpo's vLLM plugin leaves verl's worker-side weight update alone, and with
     HPC_GRPO_TEST_BREAK_WEIGHT_SYNC=1 replaces it with a no-op (an object without a model: any real update would
     fail on it)."""
-    python = Path(__file__).resolve().parents[2] / ".venv-verl" / "bin" / "python"
-    if not python.exists():
-        reason = f"needs verl's environment at {python} (bash tools/setup-env.sh verl)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason, pytrace=False)
-        print(f"SKIP: {reason}")
-        pytest.skip(reason)
+    python = require_verl_python(Path(__file__).resolve().parents[2] / ".venv-verl")
     env = {k: v for k, v in os.environ.items() if k != sync_break.ENV}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     proc = subprocess.run([str(python), "-c", PROBE], env=env, capture_output=True, text=True, timeout=300,
