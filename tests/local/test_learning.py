@@ -144,7 +144,9 @@ def test_trl_learns(tmp_path: Path) -> None:
     assert_learns(run)
     assert_healthy(run)
     timing = json.loads(report(run, "--json"))["timing"]
-    (line,) = (tmp_path / "runs" / "_step-time-calibration.jsonl").read_text().splitlines()
+    from hpc_grpo.runstate.layout import calibration_file
+
+    (line,) = calibration_file(tmp_path / "runs").read_text().splitlines()
     cal = json.loads(line)
     ratios = {k: round(timing["measured"][k] / timing["predicted"][k], 2) for k in ("step_s", "wall_s")}
     print(f"{run}: timing {timing}; measured / predicted {ratios}")
