@@ -150,7 +150,9 @@ def plan_sweep(recipe: str, cluster: str, overrides: list[str], name: str | None
             raise _refuse(member, f"fails its plan: {errors}", "sweep")
         plans.append(result)
     recreate = ["hpc-grpo", "sweep", f"recipe={recipe}", f"cluster={cluster}", *overrides, f"--name={sweep}",
-                f"--parallel={parallel}", *([f"--random={random_k}", f"--seed={seed}"] if random_k else [])]
+                f"--parallel={parallel}", *([f"--random={random_k}", f"--seed={seed}"] if random_k else []),
+                f"--metric={metric}", f"--mode={mode}",
+                *([f"--rungs={','.join(map(str, manifest.rungs))}", f"--eta={eta}"] if manifest.rungs else [])]
     return SweepPlan(folder, manifest, [p.spec for p in plans], plans, recreate, notes)
 
 
