@@ -172,7 +172,8 @@ def print_submitted(submission: Any, spec: Any, wait: bool | None, verbose: bool
 
 
 BudgetT = Annotated[float | None, typer.Option("--budget-gpu-hours", help="refuse (exit 2) when the predicted "
-                   "GPU-hours (training and its eval job) are over this")]
+                   "GPU-hours (training and its eval job) are over this; a sweep's: its upper bound, every member "
+                   "to its last step")]
 DiffT = Annotated[bool, typer.Option("--diff-defaults", help="also list every verl key this run sets away from "
                                      "verl's own defaults, and what set it (needs verl's config files)")]
 

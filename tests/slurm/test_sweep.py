@@ -95,7 +95,10 @@ def test_sweep_array_halving_two_in_flight_preempted_member_resumes(env: Env) ->
     proc = cli(env, "sweep", "cluster=slurm-dev", f"cluster.runs_root={env.runs_root}", *env.tiny, *SHRINK,
                *VALIDATE, *AXES, "--parallel", "2", *HALVING, "--name", name)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"Successive halving at steps {RUNG}" in proc.stdout, proc.stdout
+    said = " ".join(proc.stdout.split())
+    assert f"Successive halving at steps {RUNG}" in said, proc.stdout
+    assert f"Cost: no GPU-hours (CPU jobs); successive halving at steps {RUNG} (eta 2): members training past each " \
+           "rung: 4 -> 2" in said, proc.stdout
     folder = env.runs_root / name
     manifest = json.loads((folder / "sweep.json").read_text())
     assert [m["overrides"] for m in manifest["members"]] == [
