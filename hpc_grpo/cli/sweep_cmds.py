@@ -9,7 +9,7 @@ import typer
 
 from hpc_grpo.cli.console import err, out, print_json, print_rows
 from hpc_grpo.cli.options import JsonT, NameT, SchemaT, parse_args, pick_cluster
-from hpc_grpo.cli.run_cmds import BudgetT, escape_text
+from hpc_grpo.cli.run_cmds import BudgetT, escape_text, wandb_run
 
 SweepArgsT = Annotated[list[str] | None, typer.Argument(
     help="recipe=NAME [cluster=NAME] [key=value ...] with axes key=[a,b,...]; or: status SWEEP", show_default=False)]
@@ -54,6 +54,10 @@ def sweep(
     if m.rungs:
         out.print(f"Successive halving at steps {', '.join(map(str, m.rungs))}: a member goes on only within the top "
                   f"1/{m.eta} by {m.metric} ({m.mode}) of the members that reached the rung before it")
+    wb = wandb_run(plan.specs[0])
+    if wb is not None:
+        out.print(f"W&B: every member's run joins group {wb['group']} (project {wb['project']})", markup=False,
+                  highlight=False)
     print_rows("Members (each planned)", ("#", "run", "overrides", "cost"),
                [(str(x.index), x.name, " ".join(x.overrides), _gpu_hours(p.cost)) for x, p in zip(m.members, plan.plans)])
     from hpc_grpo.planning.cost import BUDGET_FIGURE, SweepCost, check_budget

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hpc_grpo.cluster import slurm
 from hpc_grpo.runstate import runs
@@ -107,6 +108,8 @@ def test_sweep_array_halving_two_in_flight_preempted_member_resumes(env: Env) ->
     assert (manifest["rungs"], manifest["eta"], manifest["metric"]) == ([RUNG], 2, "eval_reward")
     (array,) = [a["job_id"] for a in manifest["arrays"]]
     members = [folder / m["name"] for m in manifest["members"]]
+    # every member is in the W&B group named by the sweep (logging.group; W&B is not a logger of these tiny runs)
+    assert [yaml.safe_load((m / "spec.yaml").read_text())["recipe"]["logging"]["group"] for m in members] == [name] * 4
     tasks = [f"{array}_{i}" for i in range(4)]
     assert [runs.read_history(m)[0].job_id for m in members] == tasks
     assert "#SBATCH --array=0-3%2" in (folder / "scripts" / "sbatch.sh").read_text()
