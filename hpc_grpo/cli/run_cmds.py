@@ -61,9 +61,27 @@ def print_plan(plan: Any) -> None:
     if plan.cost is not None:
         out.print(f"[bold]Cost[/]: {escape_text(plan.cost.describe())}")
     print_eval_plan(spec)
+    if (wb := wandb_run(spec)) is not None:
+        out.print(f"W&B: {wandb_line(wb)}", markup=False, highlight=False)
     out.print(f"Engine schema: {plan.schema_checked}")
     print_code_isolation(plan)
     print_findings(plan.findings)
+
+
+def wandb_run(spec: Any) -> dict[str, Any] | None:
+    """The W&B run the job logs to (project, name, id, group), where W&B is a logger; else None."""
+    lg = spec.recipe.logging
+    if "wandb" not in lg.logger:
+        return None
+    from hpc_grpo.runstate.runs import wandb_run_id
+
+    return {"project": lg.project, "name": lg.experiment or spec.run_name, "id": wandb_run_id(spec.path),
+            "group": lg.group}
+
+
+def wandb_line(wb: dict[str, Any]) -> str:
+    return (f"project {wb['project']}, run {wb['name']} (id {wb['id']})"
+            + (f", group {wb['group']}" if wb["group"] else ", no group (logging.group)"))
 
 
 def escape_text(text: str) -> str:
@@ -122,6 +140,7 @@ def plan_json(plan: Any) -> dict[str, Any]:
         "schedule": None if plan.schedule is None else plan.schedule.as_dict(),
         "cost": None if plan.cost is None else plan.cost.as_dict(),
         "eval": summary(plan.spec),
+        "wandb": wandb_run(plan.spec),
         "schema": plan.schema_checked,
         "code_isolation": plan.code_isolation,
         "findings": [f.as_dict() for f in plan.findings],
@@ -172,7 +191,8 @@ def print_submitted(submission: Any, spec: Any, wait: bool | None, verbose: bool
 
 
 BudgetT = Annotated[float | None, typer.Option("--budget-gpu-hours", help="refuse (exit 2) when the predicted "
-                   "GPU-hours (training and its eval job) are over this")]
+                   "GPU-hours (training and its eval job) are over this; a sweep's: its upper bound, every member "
+                   "to its last step")]
 DiffT = Annotated[bool, typer.Option("--diff-defaults", help="also list every verl key this run sets away from "
                                      "verl's own defaults, and what set it (needs verl's config files)")]
 

@@ -9,7 +9,7 @@ import typer
 
 from hpc_grpo.cli.console import err, out, print_json, print_rows
 from hpc_grpo.cli.options import JsonT, NameT, SchemaT, parse_args, pick_cluster
-from hpc_grpo.cli.run_cmds import BudgetT, escape_text
+from hpc_grpo.cli.run_cmds import BudgetT, escape_text, wandb_run
 
 SweepArgsT = Annotated[list[str] | None, typer.Argument(
     help="recipe=NAME [cluster=NAME] [key=value ...] with axes key=[a,b,...]; or: status SWEEP", show_default=False)]
@@ -54,19 +54,19 @@ def sweep(
     if m.rungs:
         out.print(f"Successive halving at steps {', '.join(map(str, m.rungs))}: a member goes on only within the top "
                   f"1/{m.eta} by {m.metric} ({m.mode}) of the members that reached the rung before it")
+    wb = wandb_run(plan.specs[0])
+    if wb is not None:
+        out.print(f"W&B: every member's run joins group {wb['group']} (project {wb['project']})", markup=False,
+                  highlight=False)
     print_rows("Members (each planned)", ("#", "run", "overrides", "cost"),
                [(str(x.index), x.name, " ".join(x.overrides), _gpu_hours(p.cost)) for x, p in zip(m.members, plan.plans)])
-    costs = [(x.name, p.cost) for x, p in zip(m.members, plan.plans)]
-    known = [c.gpu_hours for _, c in costs if c.gpu_hours is not None]
-    if len(known) == len(costs):
-        out.print(f"Cost, every member to its last step (the upper bound): ~{sum(known):.1f} GPU-hours; step time from "
-                  f"{escape_text(costs[0][1].source)}")
-    else:
-        out.print(f"Cost: no prediction ({escape_text(costs[0][1].source)})")
-    if budget is not None:
-        from hpc_grpo.planning.cost import check_budget
+    from hpc_grpo.planning.cost import BUDGET_FIGURE, SweepCost, check_budget
 
-        check_budget(costs, budget, what=f"sweep {m.name}")
+    cost = SweepCost([(x.name, p.cost) for x, p in zip(m.members, plan.plans)], m.rungs, m.eta)
+    out.print(f"Cost: {escape_text(cost.describe())}")
+    if budget is not None:
+        check_budget(cost.members, budget, what=f"sweep {m.name}", expected=cost.expected if m.rungs else None)
+        out.print(f"Budget: --budget-gpu-hours {budget:g} is checked against {BUDGET_FIGURE}")
     if dry_run:
         out.print("Dry run: nothing written or queued.")
         return

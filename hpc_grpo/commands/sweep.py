@@ -4,7 +4,8 @@ Every member is resolved and planned as `submit` would plan it before anything i
 refuses the whole sweep, naming the member and why. The members then share one batch script (they must ask Slurm
 for the same allocation) with `--array=...%P`. Each member is a run directory in the sweep's folder
 (runstate.layout.member_dir), so status, resume, prune, its chained eval and report work on it as on any run;
-`sweep status` and `resume SWEEP` work on all of them.
+`sweep status` and `resume SWEEP` work on all of them. Every member's W&B run joins one group, the sweep's name
+(recipe logging.group), where W&B is a logger.
 """
 
 from __future__ import annotations
@@ -54,13 +55,15 @@ def _refuse(member: Member, why: str, key: str = "sweep") -> SpecError:
 
 
 def resolve_member(recipe: str, cluster: str, overrides: list[str], member: Member, folder: Path | None,
-                   notes: list[str]) -> RunSpec:
-    """One member's spec, resolved as `submit` resolves its command line, placed in the sweep's folder."""
+                   notes: list[str], sweep: str) -> RunSpec:
+    """One member's spec, resolved as `submit` resolves its command line, placed in the sweep's folder. Its W&B run
+    joins the group named by the sweep (logging.group; one given on the command line wins)."""
     from hpc_grpo.engines.verl_keymap import resolve_with_verl_keys
     from hpc_grpo.planning.interpreter import choose_interpreter
 
     try:
-        resolved, said = resolve_with_verl_keys(recipe, cluster, [*overrides, *member.overrides], run_name=member.name)
+        resolved, said = resolve_with_verl_keys(recipe, cluster, [f"logging.group={sweep}", *overrides,
+                                                                  *member.overrides], run_name=member.name)
     except SpecError as exc:
         raise _refuse(member, f"is invalid: {exc}", exc.key or "sweep") from None
     spec, why = choose_interpreter(resolved)
@@ -134,7 +137,7 @@ def plan_sweep(recipe: str, cluster: str, overrides: list[str], name: str | None
     specs: list[RunSpec] = []
     folder = Path()
     for member in members:
-        spec = resolve_member(recipe, cluster, grid.base, member, None, notes)
+        spec = resolve_member(recipe, cluster, grid.base, member, None, notes, sweep)
         folder = spec.cluster.runs_root_path() / sweep
         specs.append(spec.model_copy(update={"run_dir": str(layout.member_dir(folder, sweep, member.index))}))
     if layout.sweep_file(folder).exists() or any(layout.spec_file(s.path).exists() for s in specs):
@@ -150,7 +153,9 @@ def plan_sweep(recipe: str, cluster: str, overrides: list[str], name: str | None
             raise _refuse(member, f"fails its plan: {errors}", "sweep")
         plans.append(result)
     recreate = ["hpc-grpo", "sweep", f"recipe={recipe}", f"cluster={cluster}", *overrides, f"--name={sweep}",
-                f"--parallel={parallel}", *([f"--random={random_k}", f"--seed={seed}"] if random_k else [])]
+                f"--parallel={parallel}", *([f"--random={random_k}", f"--seed={seed}"] if random_k else []),
+                f"--metric={metric}", f"--mode={mode}",
+                *([f"--rungs={','.join(map(str, manifest.rungs))}", f"--eta={eta}"] if manifest.rungs else [])]
     return SweepPlan(folder, manifest, [p.spec for p in plans], plans, recreate, notes)
 
 

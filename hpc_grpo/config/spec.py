@@ -364,6 +364,8 @@ class Logging(Strict):
     project: str = Field(default="hpc-grpo", description="the W&B project (verl: trainer.project_name)")
     experiment: str | None = Field(default=None, description="the experiment's name; None: the run's name (verl: "
                                    "trainer.experiment_name)")
+    group: str | None = Field(default=None, description="the W&B group the run joins (WANDB_RUN_GROUP in the "
+                              "job's environment, both engines); `sweep` sets it to the sweep's name; None: no group")
 
 
 class EvalResources(_SlurmAsk):

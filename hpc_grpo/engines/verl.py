@@ -344,6 +344,9 @@ def _cpu_and_ray(spec: RunSpec) -> list[Override]:
     o.add(f"{env}.WANDB_RESUME", "allow", "engine")
     # verl logs from its TaskRunner, a Ray actor whose working directory is Ray's, not the run's
     o.add(f"{env}.WANDB_DIR", spec.run_dir, "run directory")
+    if spec.recipe.logging.group and "wandb" in spec.recipe.logging.logger:
+        # verl's tracking calls wandb.init without a group: wandb takes it from the TaskRunner's environment
+        o.add(f"{env}.WANDB_RUN_GROUP", spec.recipe.logging.group, "logging.group")
     o.add(f"{env}.VERL_FILE_LOGGER_PATH", str(layout.verl_log(spec.path)), "engine: metrics for prune's keep_best")
     return o
 

@@ -112,7 +112,8 @@ class WandbAlert:
                         wandb.Settings(mode="shared", x_primary=False, x_label="hpc-grpo-health",
                                        x_update_finish_state=False))
             self.attached = wandb.init(id=runs.wandb_run_id(run_dir), project=self.spec.recipe.logging.project,
-                                       dir=str(run_dir), resume="allow", settings=settings)
+                                       group=self.spec.recipe.logging.group, dir=str(run_dir), resume="allow",
+                                       settings=settings)
         return self.attached
 
     def __call__(self, h: Health, stops: bool) -> None:

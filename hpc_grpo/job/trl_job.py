@@ -94,12 +94,14 @@ def wandb_env(spec: RunSpec) -> dict[str, str]:
     its files inside the run directory. Empty when W&B is not used."""
     if "wandb" not in spec.recipe.logging.logger:
         return {}
+    group = spec.recipe.logging.group
     return {
         "WANDB_RUN_ID": runs.wandb_run_id(spec.path),
         "WANDB_RESUME": "allow",
         "WANDB_DIR": spec.run_dir,
         "WANDB_PROJECT": spec.recipe.logging.project,
         "WANDB_NAME": spec.recipe.logging.experiment or spec.run_name,
+        **({"WANDB_RUN_GROUP": group} if group else {}),  # trl's report_to passes no group: wandb reads this
     }
 
 

@@ -1,6 +1,8 @@
 """What a run will cost before it is queued: wall time and GPU-hours (steps x the step-time model x the GPUs, plus
 the start-up, plus the eval job's share) and the checkpoint disk over the run, each with where its figure comes from;
-and `--budget-gpu-hours`, which refuses a run (or a sweep) predicted over budget.
+and `--budget-gpu-hours`, which refuses a run (or a sweep) predicted over budget. A sweep's cost is the sum of its
+members' (the upper bound: every member to its last step) and, with successive halving, its expected cost: past
+each rung only the top 1/eta go on.
 
 The step time is planning.schedule's model: scaled by the cluster's own calibration where its runs root holds one
 (a finished run's measured step time and start-up, `report RUN --calibrate`), else calibrated on one reference GPU
@@ -141,9 +143,95 @@ def run_cost(spec: RunSpec, schedule: object | None) -> Cost:
                 None if size is None else size.gib, len(ckpts), kept, source)
 
 
-def check_budget(costs: list[tuple[str, Cost]], budget: float, what: str = "the run") -> None:
+def going_on(members: int, eta: int, rungs_passed: int) -> float:
+    """The expected number of members still training after `rungs_passed` rungs of successive halving: members /
+    eta^k, at least one (a rung always lets the best member go on; ASHA's first member at a rung goes on too, so the
+    count is a little higher where members reach a rung far apart)."""
+    return max(members / eta ** rungs_passed, 1.0) if members else 0.0
+
+
+def halving_segments(steps: int, rungs: list[int]) -> list[tuple[int, int]]:
+    """The step spans between rungs: (0, r1), (r1, r2), ..., (rk, steps); rungs at or past the last step dropped."""
+    bounds = [0, *sorted(r for r in set(rungs) if 0 < r < steps), steps]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+@dataclass(frozen=True, slots=True)
+class SweepCost:
+    """A sweep's GPU-hours: the upper bound (every member to its last step) and, with successive halving at `rungs`
+    keeping the top 1/`eta`, the expected: every member pays its start-up and its steps to the first rung, and past
+    the k-th rung only going_on(N, eta, k) of the N members train on (each member equally likely to be one)."""
+
+    members: list[tuple[str, Cost]]
+    rungs: list[int]
+    eta: int
+
+    @property
+    def upper_bound(self) -> float | None:
+        known = [c.gpu_hours for _, c in self.members]
+        return None if any(g is None for g in known) else sum(g or 0.0 for g in known)
+
+    def survivors(self) -> list[float]:
+        """Members training in each span between rungs (N before the first rung, then N / eta^k, at least 1)."""
+        n = len(self.members)
+        return [going_on(n, self.eta, k) for k in range(len(self.rungs) + 1)]
+
+    @property
+    def expected(self) -> float | None:
+        """The expected GPU-hours with halving; the upper bound without rungs."""
+        if not self.rungs:
+            return self.upper_bound
+        n = len(self.members)
+        total = 0.0
+        for _, cost in self.members:
+            if cost.gpu_hours is None:
+                return None
+            steps = cost.steps or 0
+            passed = [r for r in sorted(set(self.rungs)) if 0 < r < steps] if cost.steps else []
+            share = [going_on(n, self.eta, k) / n for k in range(len(passed) + 1)]
+            if cost.gpus == 0 or cost.step_s is None:  # a CPU job's training costs no GPU-hours
+                total += share[-1] * cost.eval_gpu_hours
+                continue
+            spans = halving_segments(steps, self.rungs)
+            steps_paid = sum(p * (b - a) for p, (a, b) in zip(share, spans))
+            total += (cost.startup_s + steps_paid * cost.step_s) * cost.gpus / 3600 + share[-1] * cost.eval_gpu_hours
+        return total
+
+    def describe(self) -> str:
+        """The upper bound, and the expected with halving beside it; where the step time comes from."""
+        source = self.members[0][1].source if self.members else ""
+        upper = self.upper_bound
+        if upper is None:
+            return f"no prediction ({source})"
+        if all(c.gpus == 0 and c.eval_gpus == 0 for _, c in self.members):
+            return "no GPU-hours (CPU jobs)" + (f"; successive halving at steps {', '.join(map(str, self.rungs))} "
+                                                f"(eta {self.eta}): members training past each rung: "
+                                                f"{self._counts()}" if self.rungs else "")
+        line = f"~{upper:.1f} GPU-hours, every member to its last step (the upper bound)"
+        if self.rungs:
+            line += (f"; expected with successive halving at steps {', '.join(map(str, self.rungs))} (eta "
+                     f"{self.eta}): ~{self.expected:.1f} GPU-hours (members training past each rung: {self._counts()}; "
+                     "only the members that train to the end run their eval job)")
+        return line + f"; step time from {source}"
+
+    def _counts(self) -> str:
+        return " -> ".join(f"{c:.3g}" for c in self.survivors())
+
+    def as_dict(self) -> dict[str, object]:
+        return {"upper_bound_gpu_hours": self.upper_bound, "expected_gpu_hours": self.expected,
+                "rungs": self.rungs, "eta": self.eta, "members_going_on": self.survivors(),
+                "budget_checks": BUDGET_FIGURE}
+
+
+# which figure --budget-gpu-hours compares for a sweep, said by `sweep` and in its refusal
+BUDGET_FIGURE = "the upper bound (every member to its last step): halving's expected cost is an estimate, not a limit"
+
+
+def check_budget(costs: list[tuple[str, Cost]], budget: float, what: str = "the run",
+                 expected: float | None = None) -> None:
     """SpecError (exit 2) when the predicted GPU-hours of `costs` (one per run or sweep member) exceed `budget`, or
-    cannot be predicted: naming the figure, where it comes from, and the fix."""
+    cannot be predicted: naming the figure, where it comes from, and the fix. A sweep is checked by its upper bound
+    (BUDGET_FIGURE); `expected` (its cost with successive halving) is only said beside it."""
     unknown = [name for name, c in costs if c.gpu_hours is None]
     if unknown:
         raise SpecError(f"{what} cannot be checked against --budget-gpu-hours {budget:g}: {costs[0][1].source} "
@@ -151,8 +239,11 @@ def check_budget(costs: list[tuple[str, Cost]], budget: float, what: str = "the 
                         key="--budget-gpu-hours")
     total = sum(c.gpu_hours or 0.0 for _, c in costs)
     if total > budget:
-        each = "" if len(costs) == 1 else f" ({len(costs)} members, {max(c.gpu_hours or 0 for _, c in costs):.1f} at most each)"
+        each = "" if len(costs) == 1 else (f", the upper bound ({len(costs)} members, each to its last step, "
+                                           f"{max(c.gpu_hours or 0 for _, c in costs):.1f} at most each)")
+        halving = ("" if expected is None else f"; with successive halving ~{expected:.1f} are expected, an estimate "
+                   "that the budget is not checked against")
         raise SpecError(f"{what} is predicted at {total:.1f} GPU-hours{each}, over --budget-gpu-hours {budget:g} "
-                        f"(step time from {costs[0][1].source}; the eval job counted at its whole time limit). Fix: "
-                        "fewer steps (train.total_training_steps), fewer members, or a larger budget",
+                        f"(step time from {costs[0][1].source}; the eval job counted at its whole time limit{halving}). "
+                        "Fix: fewer steps (train.total_training_steps), fewer members, or a larger budget",
                         key="--budget-gpu-hours")
