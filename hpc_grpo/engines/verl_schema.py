@@ -15,7 +15,9 @@ checks the two side by side).
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -263,7 +265,15 @@ def hydra_compose_check(config_name: str, overrides: list[str], config_dir: Path
 
 def composed_leaves(config_name: str, overrides: list[str], config_dir: Path) -> dict[str, object]:
     """The config main_ppo would run with these overrides, as dotted path -> value (lists whole, interpolations
-    resolved where they resolve). Raises Hydra's error for an override verl's config refuses."""
+    resolved where they resolve). Raises Hydra's error for an override verl's config refuses.
+
+    Remembered per process: an import composes the same override sets several times (the defaults, each round of
+    settling), and one composition is a second of CPU. The caller gets its own copy."""
+    return copy.deepcopy(_composed_leaves(config_name, tuple(overrides), str(config_dir)))
+
+
+@functools.lru_cache(maxsize=128)
+def _composed_leaves(config_name: str, overrides: tuple[str, ...], config_dir: str) -> dict[str, object]:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
@@ -273,7 +283,7 @@ def composed_leaves(config_name: str, overrides: list[str], config_dir: Path) ->
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-                cfg = compose(config_name=config_name, overrides=overrides)
+                cfg = compose(config_name=config_name, overrides=list(overrides))
         try:
             tree = OmegaConf.to_container(cfg, resolve=True)
         except Exception:  # an interpolation that needs verl's runtime resolvers: compare it unresolved

@@ -114,12 +114,14 @@ def measured(call):
     cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
     return result, round(cpu, 3), round(rss("VmHWM") - before, 1), round(time.monotonic() - t0, 2)
 
-out = {}
+out, honest_scores = {}, {}
 for name, (text, problem, honest) in job.items():
     gt = ground_truth(problem)
-    compute_score("hpc-grpo/codegen", honest, gt, **W)  # warm: imports, plan cache, probe
-    score_samples([problem], [[honest]], weights=RewardWeights(**W), workers=1)
-    honest_score = compute_score("hpc-grpo/codegen", honest, gt, **W)["score"]
+    if problem["id"] not in honest_scores:  # once per problem: warm (imports, plan cache, probe), then the honest score
+        compute_score("hpc-grpo/codegen", honest, gt, **W)
+        score_samples([problem], [[honest]], weights=RewardWeights(**W), workers=1)
+        honest_scores[problem["id"]] = compute_score("hpc-grpo/codegen", honest, gt, **W)["score"]
+    honest_score = honest_scores[problem["id"]]
     verl, v_cpu, v_mem, v_wall = measured(lambda: compute_score("hpc-grpo/codegen", text, gt, **W))
     ev, e_cpu, e_mem, e_wall = measured(lambda: score_samples([problem], [[text]], weights=RewardWeights(**W),
                                                               workers=1))
