@@ -66,12 +66,13 @@ def run_watched(argv: list[str], env: dict[str, str], log: Callable[[str], None]
     driver is stopped too, never left behind."""
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     fault = _Fault()
-    pumps = [threading.Thread(target=_pump, args=(src, dst, fault), daemon=True)
-             for src, dst in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer))]
-    for t in pumps:
-        t.start()
+    pumps: list[threading.Thread] = []
     announced = False
-    try:
+    try:  # from the start of the pumps on: a signal that lands while they start must stop the driver too
+        pumps = [threading.Thread(target=_pump, args=(src, dst, fault), daemon=True)
+                 for src, dst in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer))]
+        for t in pumps:
+            t.start()
         while proc.poll() is None:
             time.sleep(0.5)
             why = stop_when() if stop_when is not None else None

@@ -254,7 +254,7 @@ def test_verl_megatron_with_the_sync_broken_does_not_learn(tmp_path: Path, verl_
     dropped (the test hook, hpc_grpo/engines/sync_break.py). vLLM keeps sampling the initial weights, so the reward
     does not rise by the margin, and the job's own health watch names the weight sync by step 3."""
     if os.environ.get("CI") == "true" and os.environ.get(ALL_CASES) != "1":
-        reason = (f"left out of CI for time (~245 s; set {ALL_CASES}=1 to run it): tests/local/test_health_stop.py "
+        reason = (f"left out of CI for time (~245 s; set {ALL_CASES}=1 to run it): tests/local/test_verl_local.py "
                   "runs the same hook in CI (FSDP + LoRA) and asserts the finding and the stop")
         print(f"SKIP: {reason}")
         pytest.skip(reason)

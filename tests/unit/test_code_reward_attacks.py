@@ -36,6 +36,10 @@ from tests.unit.code_attack_blocks import (ALL_EQUAL_INT, ALWAYS_EQ, BYTECODE_OR
                                            outcomes)
 from tests.unix_user import USER, ensure_user
 
+# One xdist worker runs the whole module (tools/run-tests.sh: --dist loadgroup): the unprivileged runner's
+# set-up is a module fixture, built once.
+pytestmark = pytest.mark.xdist_group("test_code_reward_attacks")
+
 ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parents[2]
 W = RewardWeights(per_test_timeout=5.0, memory_mb=512)  # no row loops: room for the memory scan on a busy machine

@@ -21,6 +21,10 @@ from hpc_grpo.engines.verl import (BRIDGE_PIN, CPU_MEGATRON_MODE, CPU_MEGATRON_O
 from hpc_grpo.engines.verl_checks import check_verl_cpu
 from hpc_grpo.evaluation import export
 
+# One xdist worker runs the whole module (tools/run-tests.sh: --dist loadgroup):
+# the probe (one megatron-core process, ~30 s) is a module fixture, built once.
+pytestmark = pytest.mark.xdist_group("test_megatron_cpu")
+
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("megatron_cpu_probe.py")
 OTC = "actor_rollout_ref.actor.megatron.override_transformer_config"

@@ -28,6 +28,10 @@ from hpc_grpo.job.trl_job import prompt_lengths, target_steps, trim_metrics
 from hpc_grpo.common.yamlio import dump_yaml
 from hpc_grpo.runstate import layout
 
+# One xdist worker runs the whole module (tools/run-tests.sh: --dist loadgroup):
+# run A is a module fixture the resume test compares against, built once.
+pytestmark = pytest.mark.xdist_group("test_trl_train")
+
 REPO = Path(__file__).resolve().parents[2]
 STEPS, SAVE_FREQ, KEEP = 8, 2, 2
 KILL_AFTER = 4
