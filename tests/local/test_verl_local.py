@@ -152,7 +152,7 @@ def test_a_broken_sync_stops_the_job_then_a_dead_engine_ends_it_and_resume_finis
                           text=True, timeout=300, check=False)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     assert f"global_step_{newest.step}" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
-    job = int(runs.last_job_id(run))  # the local executor's job id is the job's PID
+    job = int(runs.job_ids(run)[-1])  # the resume's job; the local executor's job id is the job's PID
     # verl's own record of its last save (its file logger flushes only when the run ends, too late to kill anything)
     saved = run / "checkpoints" / "latest_checkpointed_iteration.txt"
     deadline = time.monotonic() + 900
