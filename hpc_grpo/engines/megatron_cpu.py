@@ -345,7 +345,7 @@ def patch_resume_state(mod: types.ModuleType) -> None:
     """Without apex or TE, the distributed optimizer reads Adam's `step` from its per-parameter state, which a fresh
     optimizer (a job resuming from a dist checkpoint) does not have yet ("assert len(steps) == 1"). Create it first
     with megatron-core's own dummy step (what it does before loading), at learning rate and weight decay 0, so the
-    weights do not move; the checkpoint's state then replaces it."""
+    weights do not move; the checkpoint's state then replaces it (Adam's step through `resume_step`)."""
     opt = mod.DistributedOptimizer
     original = opt.state_dict
     expect(_source_has(original, 'steps = list(set([s["step"].item() for s in inner_state_dict["state"].values()]))')
@@ -366,6 +366,37 @@ def patch_resume_state(mod: types.ModuleType) -> None:
         return original(self)
 
     opt.state_dict = state_dict
+
+
+def patch_resume_step(mod: types.ModuleType) -> None:
+    """Without apex or TE, Adam counts its `step` per parameter, and the distributed optimizer's load_state_dict
+    restores it wrongly twice over: it hands every parameter one shared step tensor (each optimizer step then
+    advances it once per parameter, so the bias correction runs ahead by the rank's parameter count, which differs
+    between pipeline stages: the two copies of a tied embedding part), and its dp_reshardable path then copies the
+    optimizer's step from before the load (a local object of the sharded state dict) over the checkpoint's. After
+    the load, give each parameter a step of its own, the checkpoint's. TE's and apex's FusedAdam keep the step in
+    the param group and are not affected."""
+    opt = mod.DistributedOptimizer
+    original = opt.load_state_dict
+    expect(_source_has(original, 'steps = list(set([g["step"] for g in state_dict["optimizer"]["param_groups"]]))',
+                       's["step"] = step')
+           and _source_has(opt._set_main_param_and_optimizer_states, "dst_tensors[key].copy_(tensors[key])")
+           and hasattr(mod, "HybridDeviceOptimizer"),
+           "resume_step", "DistributedOptimizer.load_state_dict no longer restores Adam's step as one shared tensor")
+    import torch
+
+    @functools.wraps(original)
+    def load_state_dict(self: Any, state_dict: Any) -> None:
+        original(self, state_dict)
+        if mod.HAVE_APEX_OR_TE or self.ddp_config.use_megatron_fsdp or isinstance(self.optimizer,
+                                                                                 mod.HybridDeviceOptimizer):
+            return
+        (step,) = {float(g["step"]) for g in state_dict["optimizer"]["param_groups"]}  # megatron-core asserts one
+        for state in self.optimizer.state.values():
+            if "step" in state:
+                state["step"] = torch.tensor(step, dtype=state["step"].dtype, device=state["step"].device)
+
+    opt.load_state_dict = load_state_dict
 
 
 def patch_clip_grads(mod: types.ModuleType) -> None:
@@ -563,7 +594,8 @@ PATCHES: dict[str, list[tuple[str, Callable[[types.ModuleType], None]]]] = {
     "megatron.core.transformer.dot_product_attention": [("attention_mask", patch_attention_mask)],
     "megatron.core.optimizer.optimizer": [("optimizer", patch_optimizer)],
     "megatron.core.optimizer.distrib_optimizer": [("distrib_optimizer", patch_distrib_optimizer),
-                                                  ("resume_state", patch_resume_state)],
+                                                  ("resume_state", patch_resume_state),
+                                                  ("resume_step", patch_resume_step)],
     "megatron.core.optimizer.clip_grads": [("clip_grads", patch_clip_grads)],
     "megatron.core.distributed.param_and_grad_buffer": [("grad_buffer", patch_grad_buffer)],
     "megatron.core.pipeline_parallel.schedules": [("schedules", patch_schedules)],

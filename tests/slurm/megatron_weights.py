@@ -12,7 +12,8 @@ argv: CHECKPOINT (a global_step_N folder) EXPORT (RUN/exports/step_N) BASE (the 
 3. the export moved away from the base model (the comparison is not between two copies of the base).
 
 Exit 0: all hold; 3: all hold except that, under a pipeline, the first stage's copy of the tied embedding is not the
-export's (the last stage's copy is); 1: anything else.
+export's (the last stage's copy is: what a resume that restored Adam's step wrongly left, see the `resume_step` patch
+of hpc_grpo/engines/megatron_cpu.py); 1: anything else.
 """
 
 from __future__ import annotations

@@ -49,6 +49,12 @@ def step(results: dict[str, Any], name: str, patches: list[str], call: Any, chec
     return got
 
 
+def adam_steps(optimizer: Any) -> list[Any]:
+    """Adam's step tensor of each parameter's state (torch's Adam keeps one per parameter)."""
+    inner = [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+    return [state["step"] for o in inner for state in o.state.values()]
+
+
 def rank_main(rank: int, model_dir: str, out_dir: str, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     import torch
@@ -170,7 +176,7 @@ def run(rank: int, model_dir: str, results: dict[str, Any], out_dir: str) -> Non
 
     model[0].config.finalize_model_grads_func = finalize_model_grads  # as verl's training hooks set it
 
-    def loss_step() -> Any:
+    def loss_step(model: Any = model, optimizer: Any = optimizer) -> Any:
         def forward_step(_: Any, module: Any) -> Any:
             out = module(input_ids=ids, position_ids=torch.arange(8).expand(2, 8), attention_mask=valid)
             return out, lambda o: (o.float().pow(2).mean(), {})
@@ -221,6 +227,52 @@ def run(rank: int, model_dir: str, results: dict[str, Any], out_dir: str) -> Non
         return None if not bad and loaded else f"loaded weights differ: {bad[:3]}"
 
     step(results, "dist_ckpt", ["dist_ckpt"], save_and_load, same_weights)
+
+    # A resume: the optimizer's dist checkpoint as verl writes and reads it (dp_reshardable), loaded into a fresh model
+    # and optimizer holding the saved weights, must take the step the uninterrupted run takes from there.
+    metadata = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False,
+                "chained_optim_avoid_prefix": True}
+    optim_dir = Path(out_dir, "optim_ckpt")
+    if rank == 0:
+        optim_dir.mkdir()
+    torch.distributed.barrier()
+    save_dist_checkpointing({"optimizer": optimizer.sharded_state_dict(
+        model[0].sharded_state_dict(metadata=metadata), metadata=metadata)}, str(optim_dir), content_metadata=metadata)
+    saved = [p.detach().clone() for p in model[0].parameters()]
+    saved_step = float(adam_steps(optimizer)[0])
+    loss_step()
+    want = [p.detach().clone() for p in model[0].parameters()]
+
+    def resumed() -> dict[str, Any]:
+        fresh_model = [DistributedDataParallel(bridge.config, ddp, bridge.get_model(
+            wrap_with_ddp=False, fp16=False, bf16=False)[0])]
+        fresh_model[0].config.finalize_model_grads_func = finalize_model_grads
+        with torch.no_grad():
+            for p, v in zip(fresh_model[0].parameters(), saved):
+                p.copy_(v)
+        fresh = get_megatron_optimizer(config, fresh_model)
+        sharded = {"optimizer": fresh.sharded_state_dict(fresh_model[0].sharded_state_dict(metadata=metadata),
+                                                         is_loading=True, metadata=metadata)}
+        loaded = load_dist_checkpointing(sharded, str(optim_dir))
+        with torch.no_grad():  # fp32 main params are views of the model's here (verl's bf16 models keep copies)
+            fresh.load_state_dict(loaded["optimizer"])
+        steps = adam_steps(fresh)
+        after_load, tensors = [float(t) for t in steps], len({id(t) for t in steps})
+        loss_step(fresh_model, fresh)
+        apart = max((a - p.detach()).abs().max().item() for a, p in zip(want, fresh_model[0].parameters()))
+        return {"saved": saved_step, "after_load": after_load, "tensors": tensors, "apart": apart}
+
+    runs: list[dict[str, Any]] = []
+
+    def same_step(got: dict[str, Any], _: bool) -> str | None:
+        runs.append(got)
+        return None if got["apart"] == 0 else (
+            f"a resumed step is {got['apart']:.3g} from the uninterrupted one (Adam's step after the load: "
+            f"{sorted(set(got['after_load']))} in {got['tensors']} tensor(s) for {len(got['after_load'])} parameters, "
+            f"saved {got['saved']})")
+
+    step(results, "resume_step", ["resume_step"], resumed, same_step)
+    results["resume_step"]["runs"] = runs  # unpatched, then patched
     exported = dict(bridge.export_weights(model))  # what verl sends to vLLM and writes as Hugging Face weights
     results["norm_names"]["exported"] = sorted(n for n in exported if "layernorm" in n)
 

@@ -149,6 +149,18 @@ def test_each_patch_is_needed_and_works(probed: list[dict], name: str) -> None:
         assert all(rank["steps"][name]["with"] == "ok" for rank in probed)
 
 
+def test_a_resumed_optimizer_takes_the_uninterrupted_step(probed: list[dict]) -> None:
+    """Adam's step restored from the distributed optimizer's dist checkpoint: unpatched, one tensor shared by every
+    parameter and holding the step from before the load; patched, each parameter's own, the checkpoint's."""
+    for rank in probed:
+        got = rank["steps"]["resume_step"]
+        unpatched, patched = got["runs"]
+        assert got["without"] and unpatched["apart"] > 0, got
+        assert unpatched["tensors"] == 1 and set(unpatched["after_load"]) != {unpatched["saved"]}, got
+        assert got["with"] == "ok" and patched["apart"] == 0, got
+        assert patched["tensors"] == len(patched["after_load"]) and set(patched["after_load"]) == {patched["saved"]}
+
+
 def test_the_patched_megatron_model_is_the_hf_model_and_trains(probed: list[dict]) -> None:
     for rank in probed:
         s = rank["steps"]
