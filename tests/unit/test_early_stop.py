@@ -141,6 +141,9 @@ def test_the_verl_watcher_marks_the_run_trained(tmp_path: Path) -> None:
     assert runs.read_history(run)[-1].purpose == "stopped"
     verdict = trained.decide(spec)
     assert verdict.trained and verdict.step == 2 and "early stop at step 2" in verdict.reason
+    from hpc_grpo.commands import report
+
+    assert report.early_stop_reason(run) == done["early_stop"]["reason"]  # report's summary line
 
 
 def test_the_grpo_config_validates_for_early_stopping() -> None:
