@@ -14,7 +14,7 @@ from typing import Any
 from hpc_grpo.common.yamlio import SpecError
 from hpc_grpo.config.resolve import load_frozen
 from hpc_grpo.evaluation import evaluate
-from hpc_grpo.runstate import layout
+from hpc_grpo.runstate import layout, trained
 from hpc_grpo.runstate import metrics as engine_metrics
 
 # Our curve name -> the name hpc_grpo.runstate.metrics reads it under (from either engine's keys).
@@ -28,11 +28,14 @@ class Report:
     evals: list[dict[str, Any]] = field(default_factory=list)
     source: str = ""
     reward_note: str = ""  # the recipe's health.reward_note: what its reward means (a demo's)
+    early_stop: str = ""  # why training ended before its last step (train.early_stop: train_done.json's reason)
 
     def summary(self) -> list[str]:
         lines = [f"run {self.run_name}: training metrics from {self.source or 'nowhere (none logged yet)'}"]
         if self.reward_note:
             lines.append(f"  what the reward means: {self.reward_note}")
+        if self.early_stop:
+            lines.append(f"  {self.early_stop}")
         for name, pts in self.steps.items():
             if pts:
                 first, last = pts[0][1], pts[-1][1]
@@ -67,10 +70,17 @@ def build(run_dir: Path) -> Report:
     """Curves from the run's metrics (hpc_grpo.runstate.metrics: metrics.jsonl, else verl's console lines in the
     driver logs of RUN/submitit) and the evaluation points."""
     got = engine_metrics.run_metrics(run_dir, layout.driver_logs(run_dir))
-    rep = Report(run_dir.name, source=got.source, evals=evaluate.load_results(run_dir), reward_note=reward_note(run_dir))
+    rep = Report(run_dir.name, source=got.source, evals=evaluate.load_results(run_dir), reward_note=reward_note(run_dir),
+                 early_stop=early_stop_reason(run_dir))
     for curve, name in CURVES.items():
         rep.steps[curve] = [(r["step"], float(r[name])) for r in got.rows if isinstance(r.get(name), (int, float))]
     return rep
+
+
+def early_stop_reason(run_dir: Path) -> str:
+    """The early_stop record's reason in train_done.json ("early stop at step N: ..."), else ""."""
+    early = (trained.done_record(run_dir) or {}).get("early_stop")
+    return str(early.get("reason") or "") if isinstance(early, dict) else ""
 
 
 def reward_note(run_dir: Path) -> str:

@@ -328,7 +328,8 @@ class EarlyStop(Strict):
     `min_delta`, the job saves, stops, and the run counts as trained (its evaluation follows)."""
 
     metric: str = Field(default="eval_reward", min_length=1, description="the validation metric, as the engine "
-                        "logs it (trl: eval_reward, or another eval_* key of trl's evaluation)")
+                        "logs it (trl: eval_reward, or another eval_* key of trl's evaluation; verl: a "
+                        "val-core/... key, e.g. val-core/openai/gsm8k/acc/mean@1)")
     mode: Literal["max", "min"] = Field(default="max", description="max: higher is better (a reward); min: lower "
                                         "is better (a loss)")
     patience: int = Field(default=3, ge=1, description="validations in a row without an improvement before the run "

@@ -468,6 +468,30 @@ def check_kl(spec: RunSpec) -> list[Finding]:
                     "set grpo.kl_loss=false for the reward's KL alone (or grpo.kl_in_reward=false for the loss's)")]
 
 
+def check_early_stop(spec: RunSpec) -> list[Finding]:
+    """train.early_stop on verl (job/verl_early_stop): verl validates every train.test_freq steps and logs
+    val-core/... keys; the job stops the driver at a plateau step only once that step's checkpoint exists, so each
+    validation step must be a save step."""
+    rule, t, save = spec.recipe.train.early_stop, spec.recipe.train, spec.recipe.checkpoint.save_freq
+    if rule is None:
+        return []
+    out: list[Finding] = []
+    if t.test_freq <= 0:
+        out.append(error("train.test_freq", f"train.early_stop needs validations, and train.test_freq={t.test_freq} "
+                         "never validates", "set train.test_freq to a number of steps (and checkpoint.save_freq "
+                         "to a divisor of it)"))
+    elif save <= 0 or t.test_freq % save:
+        out.append(error("checkpoint.save_freq", f"train.early_stop stops verl at a validation step, which must be "
+                         f"a saved checkpoint (the run ends there): checkpoint.save_freq={save} does not divide "
+                         f"train.test_freq={t.test_freq}", f"set checkpoint.save_freq to a divisor of "
+                         f"train.test_freq (e.g. checkpoint.save_freq={t.test_freq})"))
+    if not rule.metric.startswith("val-"):
+        out.append(error("train.early_stop.metric", f"verl logs no {rule.metric}: its validation metrics are "
+                         "val-core/<data source>/<reward key>/mean@<n> and val-aux/...", "set it to verl's key, e.g. "
+                         "train.early_stop.metric=val-core/openai/gsm8k/acc/mean@1"))
+    return out
+
+
 class VerlEngine:
     name = VERL.name
     launch_template = "verl_ray_launch.sh.j2"
@@ -509,12 +533,7 @@ class VerlEngine:
     def check(self, spec: RunSpec) -> list[Finding]:
         """Passthrough keys: well-formed, real verl keys, and not fighting a modelled field."""
         findings: list[Finding] = check_kl(spec)
-        if spec.recipe.train.early_stop is not None:
-            # verl's trainer has no hook to save and stop between steps: its val-core/... metrics could be read by
-            # the job's metric watcher, but stopping there would lose the steps since the last periodic save.
-            findings.append(error("train.early_stop", "the verl engine has no early stopping yet (verl saves and "
-                                  "stops only at its own step count)", "drop train.early_stop, set "
-                                  "train.total_training_steps to the steps you want, or use engine=trl"))
+        findings += check_early_stop(spec)
         findings += [error(f"passthrough.{key}", message, fix) for key, message, fix in owned_conflicts(spec)]
         for key in spec.recipe.passthrough:
             pkey = f"passthrough.{key}"

@@ -3,7 +3,8 @@
 Each validation's value is compared with the best so far; a value better by more than min_delta resets the count,
 any other adds one; at `patience` the run stops. A requeued or resumed job replays the values logged before its
 start (metrics.jsonl), so a preemption does not reset the count. Standard library only: the trl job's callback
-feeds it, and it is tested without a trainer.
+and the verl job's watcher (job/verl_early_stop, over verl's metric rows) feed it, and it is tested without a
+trainer.
 """
 
 from __future__ import annotations
@@ -35,6 +36,18 @@ class Plateau:
         else:
             self.since_best += 1
         return self.since_best >= self.rule.patience
+
+    def feed(self, rows: dict[int, dict[str, object]], after: int = -1, until: int | None = None) -> int | None:
+        """Each row (step -> metrics by the engine's own keys) after step `after` (and up to `until`) that holds the
+        metric, in step order; the step at which the run should stop, else None. Rows without the metric (steps
+        that did not validate) are skipped."""
+        for step in sorted(rows):
+            if step <= after or (until is not None and step > until):
+                continue
+            value = rows[step].get(self.rule.metric)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and self.update(step, float(value)):
+                return step
+        return None
 
     @property
     def stop(self) -> bool:

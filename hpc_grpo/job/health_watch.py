@@ -30,7 +30,7 @@ from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout, runs
 from hpc_grpo.runstate.health import Health, run_health
-from hpc_grpo.runstate.metrics import file_rows
+from hpc_grpo.runstate.metrics import file_rows, read_raw
 
 PREFIX = "health finding:"  # after the job's own prefix: `hpc-grpo: [time] health finding: ...`
 # The exit status of a training process (trl) or node (verl) stopped by a finding health.stop_on names.
@@ -151,13 +151,19 @@ class FreshRows:
         self.before = file_state(path)
         self.fresh = False
 
-    def rows(self) -> list[dict[str, Any]]:
+    def _fresh(self) -> bool:
         if not self.fresh:
             now = file_state(self.path)
-            if now is None or now == self.before:
-                return []
-            self.fresh = True
-        return file_rows(self.path)
+            self.fresh = now is not None and now != self.before
+        return self.fresh
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Our names (runstate/metrics), by step."""
+        return file_rows(self.path) if self._fresh() else []
+
+    def raw(self) -> dict[int, dict[str, Any]]:
+        """step -> verl's own keys (val-core/... included)."""
+        return read_raw(self.path) if self._fresh() else {}
 
 
 def _checkpoint_for(spec: RunSpec, step: int, deadline: float, done: Callable[[], bool]) -> str:

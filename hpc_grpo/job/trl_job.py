@@ -358,10 +358,7 @@ def replayed_plateau(spec: RunSpec) -> Plateau | None:
     if rule is None:
         return None
     plateau = Plateau(rule)
-    for step, raw in read_raw(layout.metrics_file(spec.path)).items():
-        value = raw.get(rule.metric)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            plateau.update(step, float(value))
+    plateau.feed(read_raw(layout.metrics_file(spec.path)))
     if plateau.seen:
         log(f"early stopping: {len(plateau.seen)} earlier validation(s) replayed, best {plateau.best:.4g} at step "
             f"{plateau.best_step}, {plateau.since_best} since")

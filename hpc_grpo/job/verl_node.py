@@ -4,7 +4,8 @@ Run once per node by scripts/launch.sh (one Slurm task per node; cluster=local: 
 resume preparation, starts the Ray head, waits (polling, with a deadline) until every node has joined, prunes once,
 runs the driver with RAY_ADDRESS and the resume overrides while a prune poller watches the checkpoints (and
 hpc_grpo.job.driver_watch reads its output: a dead rollout engine stops it instead of hanging it; and
-hpc_grpo.job.health_watch its metric rows: findings logged, a finding in `health.stop_on` stops it), prunes once
+hpc_grpo.job.health_watch its metric rows: findings logged, a finding in `health.stop_on` stops it;
+hpc_grpo.job.verl_early_stop its validations: a plateau stops it, the run trained), prunes once
 more, checks the disk when the driver failed, and stops its Ray once the workers have left. The other nodes start a
 Ray worker that joins the head and stay until node 0's driver has exited. The decisions (ports, arguments,
 environment, files) are hpc_grpo.job.node_plan's pure functions; where the node is comes from hpc_grpo.cluster.job_env.
@@ -206,22 +207,29 @@ def _drive(o: Options, argv: list[str], env: dict[str, str]) -> int:
     job. A failed driver gets the disk check: verl does not say when a save failed for want of space."""
     from hpc_grpo.config.resolve import load_frozen
     from hpc_grpo.engines import sync_break
-    from hpc_grpo.job import disk, health_watch, prune_poller
+    from hpc_grpo.job import disk, health_watch, prune_poller, verl_early_stop
 
     verl_file = verl_log(o.run_dir)
     prune_poller.prune_once(o.run_dir, "job start")
     if sync_break.enabled(env):
         log(sync_break.warning(), err=True)
     thread, stop = prune_poller.start_thread(o.run_dir, verl_log=verl_file)
-    health = health_watch.VerlHealth(load_frozen(o.spec), log).start()
+    spec = load_frozen(o.spec)
+    health = health_watch.VerlHealth(spec, log).start()
+    early = verl_early_stop.VerlEarlyStop(spec, log).start() if spec.recipe.train.early_stop else None
     try:
-        status = node_plan.exit_status(driver_watch.run_watched(argv, env, log,
-                                                                stop_when=lambda: health.stop_reason))
+        status = node_plan.exit_status(driver_watch.run_watched(
+            argv, env, log, stop_when=lambda: health.stop_reason or (early.stop_reason if early else None)))
         log(f"driver exited with status {status}")
     finally:
         health.close()
+        if early is not None:
+            early.close()
         stop.set()
         thread.join(timeout=30)
+    if early is not None and early.stop_reason and not health.stop_reason and status == health_watch.HEALTH_STOPPED:
+        early.mark_trained()  # a plateau: trained, the job succeeds and its eval runs
+        status = 0
     prune_poller.prune_once(o.run_dir, "run end", verl_file)
     if status not in (0, health_watch.HEALTH_STOPPED):
         disk.check_after_failure(o.spec)
