@@ -168,7 +168,7 @@ def report(run: Path, *args: str) -> str:
     ("vllm", "full"),   # verl's vLLM server: full weights through the shared-memory sender; KL to the reference
     # verl's vLLM server with the adapter through vLLM's LoRA loading (add_lora): tests/slurm/test_verl_lifecycle.py
 ])
-def test_verl_learns(tmp_path: Path, sampler: str, weights: str, verl_slot: None) -> None:
+def test_verl_learns(tmp_path: Path, sampler: str, weights: str, request: pytest.FixtureRequest) -> None:
     if os.environ.get("CI") == "true" and os.environ.get(ALL_CASES) != "1":
         reason = {
             "hf": f"left out of CI for time (~250 s; set {ALL_CASES}=1 to run it): the HF server's weight sync is "
@@ -180,6 +180,7 @@ def test_verl_learns(tmp_path: Path, sampler: str, weights: str, verl_slot: None
         if reason:
             print(f"SKIP: {reason}")
             pytest.skip(reason)
+    request.getfixturevalue("verl_slot")  # the machine-wide verl lock (tests/conftest.py), once the case runs
     venv = _verl_venv(sampler)
     extra = ["lora.rank=0", "grpo.lr=1e-2", "grpo.kl_loss=true"] if weights == "full" else []
     run, _ = train(tmp_path, "tiny-verl", f"cluster.setup.venv={venv}", f"rollout.name={sampler}", *extra)
@@ -232,7 +233,7 @@ MEGATRON_STEPS = 12
 
 @pytest.mark.parametrize("layout", [pytest.param([], id="tp2"),
                                     pytest.param(["parallel.tp=1", "parallel.pp=2"], id="pp2")])
-def test_verl_megatron_learns(tmp_path: Path, layout: list[str], verl_slot: None) -> None:
+def test_verl_megatron_learns(tmp_path: Path, layout: list[str], request: pytest.FixtureRequest) -> None:
     if os.environ.get("CI") == "true" and os.environ.get(ALL_CASES) != "1":
         case = "megatron-pp2" if layout else "megatron-tp2"
         reason = (f"left out of CI for time (~245 s; set {ALL_CASES}=1 to run it): the same recipe learns through "
@@ -241,6 +242,7 @@ def test_verl_megatron_learns(tmp_path: Path, layout: list[str], verl_slot: None
                   "verl runs of cluster=local (tests/local/test_verl_local.py)")
         print(f"SKIP: {reason}")
         pytest.skip(reason)
+    request.getfixturevalue("verl_slot")  # the machine-wide verl lock (tests/conftest.py), once the case runs
     venv = _verl_venv("vllm")
     run, _ = train(tmp_path, "tiny-verl-megatron", f"cluster.setup.venv={venv}", *layout, steps=MEGATRON_STEPS)
     assert_learns(run, MEGATRON_STEPS)
@@ -248,7 +250,7 @@ def test_verl_megatron_learns(tmp_path: Path, layout: list[str], verl_slot: None
     assert_sampler_follows(run, MEGATRON_STEPS)
 
 
-def test_verl_megatron_with_the_sync_broken_does_not_learn(tmp_path: Path, verl_slot: None,
+def test_verl_megatron_with_the_sync_broken_does_not_learn(tmp_path: Path, request: pytest.FixtureRequest,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The mutation behind the Megatron learning cases: the same TP 2 run with the trainer-to-vLLM weight update
     dropped (the test hook, hpc_grpo/engines/sync_break.py). vLLM keeps sampling the initial weights, so the reward
@@ -258,6 +260,7 @@ def test_verl_megatron_with_the_sync_broken_does_not_learn(tmp_path: Path, verl_
                   "runs the same hook in CI (FSDP + LoRA) and asserts the finding and the stop")
         print(f"SKIP: {reason}")
         pytest.skip(reason)
+    request.getfixturevalue("verl_slot")  # the machine-wide verl lock (tests/conftest.py), once the case runs
     from hpc_grpo.engines import sync_break
     from hpc_grpo.runstate.health import run_health
     from hpc_grpo.runstate.metrics import run_metrics

@@ -3,7 +3,7 @@ in the group named by the sweep.
 
 Neither engine passes a group to wandb.init (verl's Tracking calls wandb.init(project, name, entity, config,
 settings); transformers' WandbCallback passes one only in a hyperparameter search), and wandb takes WANDB_RUN_GROUP
-from the environment then (checked by hand, offline, with verl 0.9.1's Tracking and transformers' WandbCallback: the
+from the environment then (checked by hand, offline, with the pinned verl's Tracking and transformers' WandbCallback: the
 run's group was the variable's value). So the tests check that the variable is in each job's environment: the trl
 job's W&B environment, and verl's TaskRunner's (Ray's runtime_env, where verl's tracking runs) in the rendered
 launch script.
