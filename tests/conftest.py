@@ -16,11 +16,20 @@ SHARED = REPO.parent / "shared"
 GSM8K_DIR = Path(os.environ.get("HPC_GRPO_GSM8K_DIR", SHARED / "data" / "gsm8k"))
 
 
+@pytest.fixture(scope="session")
+def probe_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the interpreter probe's answers across a session (see `isolated`)."""
+    return tmp_path_factory.mktemp("python-probe")
+
+
 @pytest.fixture
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """HOME, cwd and caches inside tmp_path; secrets and W&B credentials removed."""
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probe_cache: Path) -> Path:
+    """HOME, cwd and caches inside tmp_path; secrets and W&B credentials removed. One cache is shared: the
+    interpreter probe's (planning/python_probe: plan asks the job's venv to import verl and vLLM, 10-30 s of CPU on
+    this machine), keyed by the interpreter and its packages' mtimes, as a user's ~/.cache keeps it between plans."""
     home = tmp_path / "home"
-    home.mkdir()
+    (home / ".cache" / "hpc-grpo").mkdir(parents=True)
+    (home / ".cache" / "hpc-grpo" / "python-probe").symlink_to(probe_cache, target_is_directory=True)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("USER", "user")
     monkeypatch.chdir(tmp_path)
