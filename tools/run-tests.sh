@@ -47,6 +47,10 @@ if [ -f .slurm-dev/env.sh ]; then
 fi
 
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+# Ray starts its workers, where verl's runs do their work, at niceness 15 (its raylet's RAY_worker_niceness):
+# beside the other stream's processes at 0 they got a small share of the 2 cores (CI run 5: the Slurm stream's verl
+# runs behind the unit tests, the local verl run behind the Slurm stream's trl jobs). The tests' jobs inherit this.
+export RAY_worker_niceness=0
 # -rs: every skip prints its reason in the summary
 pytest=(.venv/bin/python -m pytest -q -rs -p no:cacheprovider)
 lint=(bash -c '.venv/bin/ruff check hpc_grpo && .venv/bin/mypy')  # pyproject's [tool.ruff] and [tool.mypy]
@@ -77,11 +81,7 @@ slurm_stream() {
   run_phase slurm "${pytest[@]}" --durations=15 --junitxml="$report/slurm.xml" tests/slurm
 }
 unit_local_stream() {
-  # The Slurm stream is the critical path, and while the unit tests run its verl runs work in Ray's workers, which
-  # Ray starts at niceness 15 (RAY_worker_niceness): at niceness 0 the unit tests took ~97% of the CPU from them.
-  # The unit phase has minutes to spare, so it runs at the workers' niceness and the two share the CPU evenly.
-  run_phase unit nice -n 15 "${pytest[@]}" -n 2 --dist loadgroup --durations=15 --junitxml="$report/unit.xml" \
-    tests/unit tests/setup
+  run_phase unit "${pytest[@]}" -n 2 --dist loadgroup --durations=15 --junitxml="$report/unit.xml" tests/unit tests/setup
   run_phase local "${pytest[@]}" --durations=15 --junitxml="$report/local.xml" tests/local
 }
 slurm_stream > "$report/slurm.log" 2>&1 &
