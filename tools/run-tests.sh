@@ -7,9 +7,21 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 started=$(date +%s)
+# The two venvs install side by side: pip works on one core, and one after the other they left the second idle
+# (CI run 5: ~4 minutes at 50% idle). .venv-verl is the full verl stack for the verl tests (verl's own main_ppo
+# in real jobs); skipped when complete.
+verl_setup_log="$(mktemp)"
+bash tools/setup-env.sh verl > "$verl_setup_log" 2>&1 &
+verl_setup=$!
 bash tools/setup-env.sh dev
-# The full verl stack for tests/slurm/test_verl_main_ppo.py (verl's own main_ppo in a real job); skipped when complete.
-bash tools/setup-env.sh verl
+verl_status=0
+wait "$verl_setup" || verl_status=$?
+cat "$verl_setup_log"
+rm -f "$verl_setup_log"
+if [ "$verl_status" != 0 ]; then
+  echo "hpc-grpo: setting up .venv-verl failed (exit $verl_status)" >&2
+  exit "$verl_status"
+fi
 
 if ! command -v shellcheck >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "hpc-grpo: installing shellcheck"
