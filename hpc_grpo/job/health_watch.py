@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from hpc_grpo.cluster.job_env import job_identity
 from hpc_grpo.config.spec import RunSpec
@@ -184,47 +184,74 @@ def _checkpoint_for(spec: RunSpec, step: int, deadline: float, done: Callable[[]
     return f"the newest checkpoint is step {newest.step} (checkpoint.save_freq)"
 
 
-class VerlHealth:
-    """The verl side: a thread that follows the driver's metric rows; `stop_reason` is polled by the driver watch
-    (job/driver_watch) and, once set, the driver is stopped."""
+class RowWatch:
+    """A thread beside verl's driver that looks at the driver's rows every poll_s until `look` finds something, then
+    hands it to `act` once; `stop_reason`, once set, is polled by the driver watch (job/driver_watch), which stops
+    the driver. The health watch and the early stop are both one."""
 
-    def __init__(self, spec: RunSpec, log: Callable[[str], None], poll_s: float = POLL_S,
-                 checkpoint_wait_s: float = CHECKPOINT_WAIT_S) -> None:
-        self.spec = spec
-        self.alert = alerter(spec)
-        self.watcher = Watcher(spec, say=log, alert=self.alert)
+    name = "row-watch"
+    what = "watch"  # log prefix of a failed look
+
+    def __init__(self, log: Callable[[str], None], poll_s: float, checkpoint_wait_s: float) -> None:
         self.log = log
         self.poll_s = poll_s
         self.checkpoint_wait_s = checkpoint_wait_s
-        self.rows = FreshRows(layout.verl_log(spec.path))
-        self.done = threading.Event()
         self.stop_reason: str | None = None
-        self.thread = threading.Thread(target=self._run, name="health-watch", daemon=True)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
-    def start(self) -> VerlHealth:
+    def look(self) -> Any:
+        raise NotImplementedError
+
+    def act(self, found: Any) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
         self.thread.start()
         return self
 
     def _run(self) -> None:
         while not self.done.is_set():
             try:
-                stop = self.watcher.check(self.rows.rows())
+                found = self.look()
             except Exception as exc:  # noqa: BLE001 - a failed look must not end the watching
-                self.log(f"{PREFIX} {type(exc).__name__}: {exc}")
-                stop = None
-            if stop is not None:
-                self._stop(stop)
+                self.log(f"{self.what} {type(exc).__name__}: {exc}")
+                found = None
+            if found is not None:
+                self.act(found)
                 return
             self.done.wait(self.poll_s)
-
-    def _stop(self, h: Health) -> None:
-        what = _checkpoint_for(self.spec, h.step, time.monotonic() + self.checkpoint_wait_s, self.done.is_set)
-        self.watcher.record_stop(self.spec.path, what)
-        self.stop_reason = f"{h.stop_reason}; {what}"
 
     def close(self) -> None:
         self.done.set()
         self.thread.join(timeout=10)
+
+
+class VerlHealth(RowWatch):
+    """The verl side: a thread that follows the driver's metric rows; `stop_reason` is polled by the driver watch
+    (job/driver_watch) and, once set, the driver is stopped."""
+
+    name = "health-watch"
+    what = PREFIX
+
+    def __init__(self, spec: RunSpec, log: Callable[[str], None], poll_s: float = POLL_S,
+                 checkpoint_wait_s: float = CHECKPOINT_WAIT_S) -> None:
+        self.spec = spec
+        self.alert = alerter(spec)
+        self.watcher = Watcher(spec, say=log, alert=self.alert)
+        self.rows = FreshRows(layout.verl_log(spec.path))
+        super().__init__(log, poll_s, checkpoint_wait_s)
+
+    def look(self) -> Health | None:
+        return self.watcher.check(self.rows.rows())
+
+    def act(self, found: Health) -> None:
+        what = _checkpoint_for(self.spec, found.step, time.monotonic() + self.checkpoint_wait_s, self.done.is_set)
+        self.watcher.record_stop(self.spec.path, what)
+        self.stop_reason = f"{found.stop_reason}; {what}"
+
+    def close(self) -> None:
+        super().close()
         if self.alert is not None:
             try:
                 self.alert.close()

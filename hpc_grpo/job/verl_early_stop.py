@@ -11,7 +11,6 @@ validations in RUN/metrics.jsonl up to the step it resumes from.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +19,7 @@ from hpc_grpo.common.atomic import write_json_atomic
 from hpc_grpo.config.spec import RunSpec
 from hpc_grpo.config.steps import total_steps
 from hpc_grpo.job.early_stop import Plateau
-from hpc_grpo.job.health_watch import CHECKPOINT_WAIT_S, POLL_S, FreshRows
+from hpc_grpo.job.health_watch import CHECKPOINT_WAIT_S, POLL_S, FreshRows, RowWatch
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.runstate import layout, runs
 from hpc_grpo.runstate.metrics import read_raw
@@ -36,16 +35,17 @@ def replayed(spec: RunSpec, up_to: int) -> Plateau:
     return plateau
 
 
-class VerlEarlyStop:
+class VerlEarlyStop(RowWatch):
     """Follows the driver's rows; `stop_reason` is polled by the driver watch and, once set, the driver is
     stopped (its plateau step's checkpoint saved)."""
 
+    name = "early-stop-watch"
+    what = "early stopping:"
+
     def __init__(self, spec: RunSpec, log: Callable[[str], None], poll_s: float = POLL_S,
                  checkpoint_wait_s: float = CHECKPOINT_WAIT_S) -> None:
+        super().__init__(log, poll_s, checkpoint_wait_s)
         self.spec = spec
-        self.log = log
-        self.poll_s = poll_s
-        self.checkpoint_wait_s = checkpoint_wait_s
         self.t0 = time.time()
         resumed = ck.newest_complete(ck.list_checkpoints(spec.path, "verl"))
         self.resumed_from = str(resumed.path) if resumed is not None else None
@@ -58,13 +58,6 @@ class VerlEarlyStop:
         self.missing_said = False
         self.step: int | None = None  # the plateau step, once found
         self.checkpoint: ck.Checkpoint | None = None
-        self.stop_reason: str | None = None
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="early-stop-watch", daemon=True)
-
-    def start(self) -> VerlEarlyStop:
-        self.thread.start()
-        return self
 
     def look(self) -> int | None:
         """Feed the rows logged since the last look; the plateau step when this look found it."""
@@ -86,19 +79,7 @@ class VerlEarlyStop:
                 self.log(f"early stopping: train.early_stop.metric={metric} is not among verl's validation metrics "
                          f"({', '.join(val)}): no early stop in this job; set it to one of them")
 
-    def _run(self) -> None:
-        while not self.done.is_set():
-            try:
-                step = self.look()
-            except Exception as exc:  # noqa: BLE001 - a failed look must not end the watching
-                self.log(f"early stopping: {type(exc).__name__}: {exc}")
-                step = None
-            if step is not None:
-                self._stop(step)
-                return
-            self.done.wait(self.poll_s)
-
-    def _stop(self, step: int) -> None:
+    def act(self, step: int) -> None:
         """Wait (bounded) for the plateau step's checkpoint, then ask for the stop."""
         self.log(self.plateau.reason(step) + f": waiting for checkpoint step {step}, then stopping the driver")
         deadline = time.monotonic() + self.checkpoint_wait_s
@@ -145,7 +126,3 @@ class VerlEarlyStop:
         write_json_atomic(layout.done_file(run_dir), done)
         self.log(f"done: {early['reason']}; last checkpoint {done['last_checkpoint']}")
         return done
-
-    def close(self) -> None:
-        self.done.set()
-        self.thread.join(timeout=10)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_verl_python
 from tests.local.test_learning import STRAY_TOKEN, assert_launch_path, sync_numbers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,12 +48,7 @@ pytestmark = pytest.mark.usefixtures("verl_slot")  # one verl job on the machine
 
 
 def _venv() -> Path:
-    if not (VENV / "bin" / "python").exists():
-        msg = f"needs the full verl stack at {VENV} (bash tools/setup-env.sh verl)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg, pytrace=False)
-        print(f"SKIP: {msg}")
-        pytest.skip(msg)
+    require_verl_python(VENV)
     return VENV
 
 

@@ -128,11 +128,11 @@ def test_the_verl_watcher_marks_the_run_trained(tmp_path: Path) -> None:
     assert watch.look() is None
     verl_log.write_text("\n".join(lines) + "\n")
     assert watch.look() == 2
-    watch._stop(2)
+    watch.act(2)
     assert watch.stop_reason is None and "not complete" in said[-1]  # no checkpoint: the run goes on
     trees.verl_fsdp(run, 2, world=1)
     trees.verl_fsdp(run, 3, world=1)
-    watch._stop(2)
+    watch.act(2)
     assert watch.stop_reason and watch.stop_reason.startswith("early stop at step 2")
     done = watch.mark_trained()
     assert done["final_step"] == 2 and done["early_stop"]["best_step"] == 1 and done["max_steps"] == 8
