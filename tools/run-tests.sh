@@ -73,8 +73,8 @@ if [ "$#" -gt 0 ]; then  # a developer's own selection: lint, then one pytest ru
 fi
 
 # The whole suite in phases, each timed. Two streams run side by side: the Slurm tests, which wait on the
-# scheduler (ticks, grace times, time limits) much of their time, and the unit tests (in parallel, pytest-xdist)
-# followed by the local ones, which fill those waits. They share no port: the local profile's Ray ports are not
+# scheduler (ticks, grace times, time limits) much of their time, and lint, the unit tests (in parallel, pytest-xdist)
+# and the local ones, which fill those waits. They share no port: the local profile's Ray ports are not
 # slurm-dev's (cluster.ray_ports). A phase's failure does not stop the others: one run shows every failure. Each
 # stream's output is printed when it ends; the table and the total come last.
 report="$(mktemp -d)"
@@ -87,12 +87,12 @@ run_phase() {
   "$@" || status=$?
   echo "$name $(($(date +%s) - start)) $status" >> "$report/phases"
 }
-run_phase lint "${lint[@]}"
 tests_started=$(date +%s)
 slurm_stream() {
   run_phase slurm "${pytest[@]}" --durations=15 --junitxml="$report/slurm.xml" tests/slurm
 }
 unit_local_stream() {
+  run_phase lint "${lint[@]}"  # in this stream, not before both: it then overlaps the Slurm tests
   run_phase unit "${pytest[@]}" -n 2 --dist loadgroup --durations=15 --junitxml="$report/unit.xml" tests/unit tests/setup
   run_phase local "${pytest[@]}" --durations=15 --junitxml="$report/local.xml" tests/local
 }
