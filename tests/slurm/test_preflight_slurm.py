@@ -28,8 +28,9 @@ from tests.slurm.jobs import wait_final
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 CLI = [sys.executable, "-m", "hpc_grpo.cli.app"]
-# The watched run: enough steps for the bar to move between two `status` calls (a step: ~1 s idle, 7-15 s under
-# CI's load) at half the demo's batch (4 prompts x 4 completions, 32 tokens: the length hint's limit kept).
+# The watched run: enough steps for the bar to move between two `status` calls (a step took 0.7-1.2 s at load
+# average 7, a `status` 1-2 s) at half the demo's batch (4 prompts x 4 completions, 32 tokens: the length hint's
+# limit kept).
 WATCHED_STEPS = 12
 WATCHED = [f"train.total_training_steps={WATCHED_STEPS}", "batch.train=4", "batch.mini=4", "batch.micro_per_gpu=4",
            "batch.log_prob_micro_per_gpu=4"]
