@@ -12,6 +12,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+# The environment of every training job a test starts (Slurm or cluster=local): one OpenMP thread per process.
+# The machine's 2 cores are shared by both test streams (slurm-dev's 16 CPUs are those 2 cores); torch's second
+# thread gains a tiny model nothing, and under that load its spinning waits cost more CPU than the work: a trl step of
+# tiny-gsm8k (4 prompts x 4) took 7-8 s with two threads, 0.8 s with one, same rewards (docs/benchmarks.md).
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 # HPC_GRPO_GSM8K_DIR: where a checkout does not sit beside shared/ (a git worktree).
 GSM8K_DIR = Path(os.environ.get("HPC_GRPO_GSM8K_DIR", SHARED / "data" / "gsm8k"))
 

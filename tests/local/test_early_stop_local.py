@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from hpc_grpo.runstate import runs
-from tests.conftest import require_gsm8k
+from tests.conftest import ONE_THREAD, require_gsm8k
 
 STEPS, FREQ = 20, 2
 SHRINK = [f"train.total_training_steps={STEPS}", "checkpoint.save_freq=10", "batch.train=2", "batch.mini=2",
@@ -31,7 +31,7 @@ def test_plateau_stops_saves_is_trained_and_evaluated(tmp_path: Path) -> None:
     data = prepare_gsm8k(require_gsm8k(), tmp_path / "data")
     env = {k: v for k, v in os.environ.items() if k not in {"WANDB_API_KEY", "HF_TOKEN", "HPC_GRPO_PATH",
                                                              "SLURM_JOB_ID", "SLURM_CONF"}}
-    env.update(HOME=str(tmp_path), WANDB_MODE="offline", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    env.update(HOME=str(tmp_path), WANDB_MODE="offline", HF_HUB_OFFLINE="1", **ONE_THREAD)
     cli = [sys.executable, "-m", "hpc_grpo.cli.app"]
     t0 = time.monotonic()
     proc = subprocess.run([*cli, "submit", "recipe=tiny-gsm8k", "cluster=local", f"cluster.runs_root={tmp_path / 'runs'}",

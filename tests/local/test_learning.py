@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_gsm8k
+from tests.conftest import ONE_THREAD, require_gsm8k
 
 REPO = Path(__file__).resolve().parents[2]
 VERL_VENV = Path(os.environ.get("HPC_GRPO_VERL_VENV") or REPO / ".venv-verl")
@@ -80,7 +80,7 @@ def train(tmp_path: Path, recipe: str, *overrides: str, steps: int = STEPS, ok: 
     home = tmp_path / "home"
     (home / ".ray").mkdir(parents=True, exist_ok=True)
     (home / ".ray" / "auth_token").write_text(STRAY_TOKEN)
-    env.update(HOME=str(home), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    env.update(HOME=str(home), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO), **ONE_THREAD)
     argv = [sys.executable, "-m", "hpc_grpo.cli.app", "submit", f"recipe={recipe}", "cluster=local",
             f"cluster.runs_root={tmp_path / 'runs'}", f"model.path={model}", f"data.train_files={files[0]}",
             f"data.val_files={files[1]}", f"train.total_training_steps={steps}", "eval.enabled=false",

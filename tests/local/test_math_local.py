@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import ONE_THREAD
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -27,7 +29,7 @@ def submit(tmp_path: Path, recipe: str, *overrides: str) -> Path:
     drop = {"WANDB_API_KEY", "HF_TOKEN", "HPC_GRPO_PATH", "RAY_ADDRESS", "RAY_AUTH_MODE", "VIRTUAL_ENV",
             "SLURM_JOB_ID", "SLURM_CONF"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(HOME=str(tmp_path / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    env.update(HOME=str(tmp_path / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO), **ONE_THREAD)
     argv = [sys.executable, "-m", "hpc_grpo.cli.app", "submit", f"recipe={recipe}", "cluster=local",
             f"cluster.runs_root={tmp_path / 'runs'}", f"model.path={model}", f"data.train_files={files[0]}",
             f"data.val_files={files[1]}", *overrides, "--name", "math", "--wait"]

@@ -27,7 +27,7 @@ import pytest
 from hpc_grpo.cluster import slurm
 from hpc_grpo.planning.container import venv_base
 from hpc_grpo.runstate import layout, runs
-from tests.conftest import require_gsm8k
+from tests.conftest import ONE_THREAD, require_gsm8k
 from tests.slurm.jobs import wait_final
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -73,7 +73,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     model = ensure_tiny_model(root / "models" / "tiny-qwen2")
     drop = {"WANDB_API_KEY", "HF_TOKEN", "HPC_GRPO_PATH", "RAY_ADDRESS"}
     e = {k: v for k, v in os.environ.items() if k not in drop}
-    e.update(HOME=str(root / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+    e.update(HOME=str(root / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", **ONE_THREAD,
              PATH=str(Path(sys.executable).parent) + os.pathsep + e.get("PATH", ""))
     venv = Path(sys.executable).parent.parent
     base = venv_base(venv)

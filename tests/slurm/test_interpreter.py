@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo.runstate import runs
+from tests.conftest import ONE_THREAD
 from tests.slurm.jobs import wait_final
 from hpc_grpo.config.resolve import load_frozen
 
@@ -37,7 +38,7 @@ def bare_env(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     home.mkdir()
     drop = {"WANDB_API_KEY", "HF_TOKEN", "HPC_GRPO_PATH", "RAY_ADDRESS", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(HOME=str(home), WANDB_MODE="offline", HF_HUB_OFFLINE="1", PATH=BARE_PATH)
+    env.update(HOME=str(home), WANDB_MODE="offline", HF_HUB_OFFLINE="1", **ONE_THREAD, PATH=BARE_PATH)
     probe = subprocess.run(["python3", "-c", "import hpc_grpo"], env=env, cwd=root, capture_output=True, text=True,
                            timeout=60, check=False)
     assert probe.returncode != 0 and "No module named 'hpc_grpo'" in probe.stderr, (

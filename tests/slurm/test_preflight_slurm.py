@@ -28,6 +28,12 @@ from tests.slurm.jobs import wait_final
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 CLI = [sys.executable, "-m", "hpc_grpo.cli.app"]
+# The watched run: enough steps for the bar to move between two `status` calls (a step took 0.7-1.2 s at load
+# average 7, a `status` 1-2 s) at half the demo's batch (4 prompts x 4 completions, 32 tokens: the length hint's
+# limit kept).
+WATCHED_STEPS = 12
+WATCHED = [f"train.total_training_steps={WATCHED_STEPS}", "batch.train=4", "batch.mini=4", "batch.micro_per_gpu=4",
+           "batch.log_prob_micro_per_gpu=4"]
 SECRETS = {"WANDB_API_KEY": "fake-wandb-key-6f1d2c9a7e", "HF_TOKEN": "hf_fakeToken8b3e51d0c4"}
 FAKE_NVIDIA_SMI = """#!/bin/bash
 # Stand-in for nvidia-smi (no GPUs here): answers --query-gpu=index,name,utilization.gpu,memory.used,memory.total
@@ -130,7 +136,7 @@ def test_submit_without_cluster_picks_slurm_dev_and_keeps_secrets(env: Env) -> N
     secret_env = {**env.env, **SECRETS}
     # health.length_limit_by_design=false: the demo declares its length limit a design, which silences the hint
     # this test checks against the responses' real length below
-    proc = subprocess.run([*CLI, "submit", *env.tiny, "train.total_training_steps=30",
+    proc = subprocess.run([*CLI, "submit", *env.tiny, *WATCHED,
                            "health.length_limit_by_design=false",
                            f"cluster.runs_root={env.runs_root}", "--name", name, "--no-wait"], capture_output=True,
                           text=True, env=secret_env, cwd=env.root, timeout=180, check=False)
@@ -144,7 +150,7 @@ def test_submit_without_cluster_picks_slurm_dev_and_keeps_secrets(env: Env) -> N
     from tests.slurm.test_signals import metric_rows
 
     steps, bars = set(), []
-    end = time.monotonic() + 2 * TRAIN_DEADLINE_S  # ~30 s on an idle machine; a step took 90 s under load 40
+    end = time.monotonic() + 2 * TRAIN_DEADLINE_S  # ~20 s on an idle machine; a step took 90 s under load 40
     while time.monotonic() < end:
         rows = metric_rows(run_dir)
         step = rows[-1]["step"] if rows else None
@@ -162,7 +168,7 @@ def test_submit_without_cluster_picks_slurm_dev_and_keeps_secrets(env: Env) -> N
     assert len(steps) >= 2, steps  # the bar moved while the job ran
     assert len(set(bars)) >= 2, bars
     final = env.status(run_dir)["monitor"]
-    assert final["progress"]["step"] == 30 and final["progress"]["total"] == 30
+    assert final["progress"]["step"] == WATCHED_STEPS and final["progress"]["total"] == WATCHED_STEPS
     assert final["progress"]["step_time_s"] and final["progress"]["step_time_s"] > 0
     assert {"reward", "kl", "grad_norm", "response_length"} <= set(final["latest"])
     assert final["progress"]["requeues"] == 0
@@ -173,9 +179,9 @@ def test_submit_without_cluster_picks_slurm_dev_and_keeps_secrets(env: Env) -> N
     at_limit = final["latest"]["response_length"] >= AT_LIMIT_SHARE * 32
     assert any("data.max_response_length=32" in h for h in final["hints"]) == at_limit, final
     shown = env.cli("status", str(run_dir)).stdout
-    assert "[##############################] 30/30 100%" in shown and "Latest (step 30)" in shown
+    assert f"[{'#' * 30}] {WATCHED_STEPS}/{WATCHED_STEPS} 100%" in shown and f"Latest (step {WATCHED_STEPS})" in shown
     log = env.cli("logs", str(run_dir))
-    assert log.returncode == 0 and "step 30/30" in log.stdout, log.stdout[-2000:] + log.stderr
+    assert log.returncode == 0 and f"step {WATCHED_STEPS}/{WATCHED_STEPS}" in log.stdout, log.stdout[-2000:] + log.stderr
     leaked = [str(p) for p in run_dir.rglob("*") if p.is_file()
               and any(v.encode() in p.read_bytes() for v in SECRETS.values())]
     assert leaked == []

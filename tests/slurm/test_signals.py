@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_gsm8k
+from tests.conftest import ONE_THREAD, require_gsm8k
 
 from hpc_grpo.runstate import restart, runs
 from hpc_grpo.cluster import slurm
@@ -88,8 +88,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     model = ensure_tiny_model(root / "models" / "tiny-qwen2")  # once, before jobs race to build it
     drop = {"WANDB_API_KEY", "HF_TOKEN", "HPC_GRPO_PATH", "RAY_ADDRESS"}
     e = {k: v for k, v in os.environ.items() if k not in drop}
-    # One thread per trainer: the cluster's 16 CPUs are 2 real cores shared with other jobs.
-    e.update(HOME=str(root / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+    e.update(HOME=str(root / "home"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", **ONE_THREAD,
              PATH=str(Path(sys.executable).parent) + os.pathsep + e.get("PATH", ""))
     tiny = ["recipe=tiny-gsm8k", "eval.enabled=false", f"data.train_files={train}", f"data.val_files={data.trl_test}",
             f"model.path={model}"]

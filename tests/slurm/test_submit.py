@@ -20,6 +20,7 @@ import pytest
 from hpc_grpo.launch import render
 from hpc_grpo.runstate import runs
 from hpc_grpo.cluster import slurm
+from tests.conftest import ONE_THREAD
 from tests.slurm.jobs import wait_final
 from hpc_grpo.job.ray_probe import leftover_pids
 from hpc_grpo.config.resolve import load_frozen
@@ -65,7 +66,7 @@ def make_env(root: Path) -> Env:
     home.mkdir(parents=True, exist_ok=True)
     drop = {"WANDB_API_KEY", "HF_TOKEN", "HPC_GRPO_PATH", "RAY_ADDRESS"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(HOME=str(home), USER=env.get("USER", "user"), WANDB_MODE="offline", HF_HUB_OFFLINE="1",
+    env.update(HOME=str(home), USER=env.get("USER", "user"), WANDB_MODE="offline", HF_HUB_OFFLINE="1", **ONE_THREAD,
                PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""))
     return Env(root, root / "runs", env, [], tag=f"{os.getpid():x}{int(time.time()) % 100000:x}")
 

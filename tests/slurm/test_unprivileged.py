@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from hpc_grpo.runstate import runs
+from tests.conftest import ONE_THREAD
 from tests.slurm.jobs import wait_final
 from tests.slurm.test_submit import GSM8K, REPO
 from tests.unix_user import USER, ensure_user
@@ -143,7 +144,7 @@ def as_user(needs: dict[Path, bool]) -> As:
         "HOME": str(home), "USER": USER, "LOGNAME": USER, "LANG": "C.UTF-8",
         "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
         "SLURM_CONF": os.environ["SLURM_CONF"], "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1", **ONE_THREAD,
         "PYTHONPATH": str(REPO),  # this checkout, whichever the venv's editable install points at
     }
     return As(pw.pw_uid, pw.pw_gid, home, env)
