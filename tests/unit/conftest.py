@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -20,3 +21,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return FIRST.index(path.name) if path.parent == here and path.name in FIRST else len(FIRST)
 
     items.sort(key=rank)
+
+
+@pytest.fixture(scope="session")
+def probe_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/conftest.py's probe cache, shared by the xdist workers of this session (their base temp folders are
+    siblings in the session's own): each cold probe of verl's venv is 10-30 s of CPU, and either worker may be the
+    first to plan a verl recipe. Answers are written atomically, so two workers at once at worst probe twice."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "python-probe-shared"
+    folder.mkdir(exist_ok=True)
+    return folder

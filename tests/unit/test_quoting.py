@@ -12,9 +12,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from unittest import mock
 
@@ -247,44 +245,36 @@ def test_secrets_never_reach_a_rendered_file_library() -> None:
                 assert_no_secret(text, f"{recipe}__{cluster}/{rel}")
 
 
-def test_secrets_never_reach_a_rendered_file_cli(tmp_path: Path) -> None:
+def test_secrets_never_reach_a_rendered_file_cli(isolated: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """`hpc-grpo render ... -o DIR` with both secrets exported, for the golden set's pairs (each recipe on one
     cluster, each cluster with one recipe: tests/unit/test_golden.GOLDEN_SET; every pair goes through the library
-    in the test above, and one CLI process a pair cost ~80 s of CI); pairs whose plan has errors write nothing
-    (exit 1), the others write the run's files; no secret in any file or in the output."""
+    in the test above); pairs whose plan has errors write nothing (exit 1), the others write the run's files; no
+    secret in any file or in the output. The CLI runs in this process (tests/cli_run.py): the secrets are in its
+    environment all the same, and a process per pair cost CI a Python start-up and a cold interpreter probe each."""
+    from tests.cli_run import run_cli
     from tests.unit.test_golden import GOLDEN_SET
 
-    home = tmp_path / "home"
-    home.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("HPC_GRPO_PATH", *SECRET_ENV)}
-    env.update(SECRETS, HOME=str(home), USER="user", WANDB_MODE="offline")
-    exe = Path(sys.executable).with_name("hpc-grpo")
-    cmd0 = [str(exe)] if exe.exists() else [sys.executable, "-m", "hpc_grpo.cli.app"]
+    for name, secret in SECRETS.items():
+        monkeypatch.setenv(name, secret)
+    monkeypatch.setenv("USER", "user")
     # A runs root that does not exist here: plan cannot measure its free space, so the disk check does not
     # refuse big models for this machine's disk.
     runs_root = "cluster.runs_root=/hpc-grpo-no-such-root/runs"
-
-    def render(pair: tuple[str, str]) -> tuple[tuple[str, str], subprocess.CompletedProcess[str], Path]:
-        recipe, cluster = pair
-        out = tmp_path / f"{recipe}__{cluster}"
-        cmd = [*cmd0, "render", f"recipe={recipe}", f"cluster={cluster}", "--name", "golden", "-o", str(out),
-               "--no-schema", runs_root]
-        return pair, subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False), out
-
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        results = list(pool.map(render, sorted(GOLDEN_SET)))
     rendered = 0
-    for (recipe, cluster), proc, out in results:
-        where = f"{recipe}__{cluster}"
-        assert proc.returncode in (0, 1), f"{where}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-        assert_no_secret(proc.stdout + proc.stderr, f"{where}'s output")
+    for recipe, cluster in sorted(GOLDEN_SET):
+        where, out = f"{recipe}__{cluster}", isolated / f"{recipe}__{cluster}"
+        code, text = run_cli(monkeypatch, capsys, "render", f"recipe={recipe}", f"cluster={cluster}", "--name",
+                             "golden", "-o", str(out), "--no-schema", runs_root)
+        assert code in (0, 1, None), f"{where}: exit {code}\n{text}"
+        assert_no_secret(text, f"{where}'s output")
         files = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
-        if proc.returncode == 0:
+        if code in (0, None):
             rendered += 1
             names = {str(p.relative_to(out)) for p in files}
             assert names - {"scripts/eval_sbatch.sh"} == {"spec.yaml", "scripts/sbatch.sh", "scripts/launch.sh"}
         else:
-            assert "Nothing rendered" in proc.stderr and not files, f"{where}: {proc.stderr}"
+            assert "Nothing rendered" in text and not files, f"{where}: {text}"
         for f in files:
             assert_no_secret(f.read_text(encoding="utf-8"), f"{where}/{f.relative_to(out)}")
     assert rendered, "no pair rendered, so the test checked nothing"

@@ -1,6 +1,11 @@
 """Real GRPO training with the trl job on CPU (tiny model, real GSM8K): checkpoints, retention,
 metrics, W&B offline, and a kill-then-rerun resume that ends bit-identical to an uninterrupted run.
 
+Sized for CI's CPU (these three runs were its longest unit tests): 4 steps with a checkpoint after each, 4 prompts x
+4 completions of at most 16 tokens, the first TRAIN_ROWS rows of GSM8K's train split (the job tokenizes every
+prompt at its start). The kill still falls between two checkpoints with steps to train after it, and the health run
+keeps save_freq 2 so that its save at the flagged step is the stop's own.
+
 The jobs run as `python -m hpc_grpo.job.trl_job --spec RUN_DIR/spec.yaml` subprocesses, exactly as the
 launch script starts them. grpo.entropy_coeff is set so the adapter moves from step 1 on (a random
 model scores 0 on GSM8K, so without it every GRPO gradient would be zero and "bit-identical" trivial).
@@ -33,8 +38,12 @@ from hpc_grpo.runstate import layout
 pytestmark = pytest.mark.xdist_group("test_trl_train")
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS, SAVE_FREQ, KEEP = 8, 2, 2
-KILL_AFTER = 4
+STEPS, SAVE_FREQ, KEEP = 4, 1, 2
+KILL_AFTER = 2
+TRAIN_ROWS = 256
+# Small enough for CI, big enough that every step's loss has a gradient (grpo.entropy_coeff) and n > 1 samples.
+SMALL = ("batch.train=4", "batch.mini=4", "batch.micro_per_gpu=4", "batch.log_prob_micro_per_gpu=4",
+         "data.max_response_length=16")
 JOB_TIMEOUT_S = 240
 COMPARED = ("reward", "reward_std", "loss", "kl", "entropy", "grad_norm", "lr", "completion_length")
 
@@ -50,7 +59,10 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     src = _require_shared_data()
     root = tmp_path_factory.mktemp("trl-train")
     data = prepare_gsm8k(src, root / "data")
-    return {"root": root, "train": data.trl_train, "test": data.trl_test, "model": root / "models" / "tiny-qwen2"}
+    train = root / "data" / f"train-{TRAIN_ROWS}.jsonl"
+    with data.trl_train.open(encoding="utf-8") as fh:
+        train.write_text("".join(line for _, line in zip(range(TRAIN_ROWS), fh)), encoding="utf-8")
+    return {"root": root, "train": train, "test": data.trl_test, "model": root / "models" / "tiny-qwen2"}
 
 
 def job_env(root: Path) -> dict[str, str]:
@@ -73,7 +85,7 @@ def job_env(root: Path) -> dict[str, str]:
 
 
 def make_run(work: dict[str, Path], name: str, *extra: str) -> RunSpec:
-    """The tiny-gsm8k recipe shortened to STEPS steps, frozen into RUN_DIR/spec.yaml."""
+    """The tiny-gsm8k recipe shortened to STEPS steps of a SMALL batch, frozen into RUN_DIR/spec.yaml."""
     spec = resolve_spec(
         "tiny-gsm8k",
         "local",
@@ -86,6 +98,7 @@ def make_run(work: dict[str, Path], name: str, *extra: str) -> RunSpec:
             f"checkpoint.save_freq={SAVE_FREQ}",
             f"checkpoint.keep_last={KEEP}",
             "grpo.entropy_coeff=0.01",
+            *SMALL,
             *extra,
         ],
         run_name=name,
@@ -131,7 +144,7 @@ def run_a(work: dict[str, Path]) -> RunSpec:
 # --------------------------------------------------------------------------------------- the tests
 def test_run_writes_checkpoints_metrics_and_done(run_a: RunSpec) -> None:
     ckpts = ck.list_checkpoints(run_a.path, "trl")
-    assert [(c.step, c.complete) for c in ckpts] == [(6, True), (8, True)], ckpts  # keep=2: the in-job prune removed 2 and 4
+    assert [(c.step, c.complete) for c in ckpts] == [(3, True), (4, True)], ckpts  # keep=2: the in-job prune removed 1 and 2
 
     rows = metrics(run_a)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
@@ -148,13 +161,13 @@ def test_run_writes_checkpoints_metrics_and_done(run_a: RunSpec) -> None:
     assert (run_a.path / "prompt_lengths.json").is_file()
 
     # the adapter really trains, so the resume comparison below is not trivially equal
-    six, eight = adapter(run_a, 6), adapter(run_a, 8)
-    assert any(not (six[k] == eight[k]).all() for k in eight)
+    before, last = adapter(run_a, STEPS - SAVE_FREQ), adapter(run_a, STEPS)
+    assert any(not (before[k] == last[k]).all() for k in last)
 
 
 def test_kill_then_rerun_is_bit_identical(work: dict[str, Path], run_a: RunSpec) -> None:
     env = job_env(work["root"])
-    spec = make_run(work, "b")  # the SAME settings as run A (max_steps 8): only the schedule stays identical
+    spec = make_run(work, "b")  # the SAME settings as run A (max_steps STEPS): only the schedule stays identical
     ckpt_dir = layout.checkpoints_dir(spec.path)
 
     t0 = time.monotonic()
@@ -228,7 +241,7 @@ def test_a_health_stop_saves_the_flagged_step_and_resume_goes_on(work: dict[str,
 
     env = job_env(work["root"])
     spec = make_run(work, "zero", "grpo.reward=gsm8k_strict", "grpo.format_score=0", "health.stop_on=[zero_reward]",
-                    "logging.logger=[console,wandb]", "train.total_training_steps=6")
+                    "logging.logger=[console,wandb]", "train.total_training_steps=6", "checkpoint.save_freq=2")
     t0 = time.monotonic()
     proc = subprocess.run(job_argv(spec), cwd=REPO, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     print(f"\nzero-reward run: stopped in {time.monotonic() - t0:.1f} s")
