@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ONE_THREAD
+
 from tests.unit.test_eval_scoring import lm_eval_score
 
 from hpc_grpo.rewards.gsm8k import gsm8k_reward
@@ -23,7 +25,8 @@ def test_eval_model_on_the_tiny_model(isolated: Path, gsm8k_dir: Path) -> None:
     from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     model = ensure_tiny_model(isolated / "tiny-qwen2")
-    env = {**os.environ, "HF_HOME": str(isolated / "hf"), "HF_HUB_OFFLINE": "1", "HPC_GRPO_DATA": str(isolated / "none")}
+    env = {**os.environ, "HF_HOME": str(isolated / "hf"), "HF_HUB_OFFLINE": "1", "HPC_GRPO_DATA": str(isolated / "none"),
+           **ONE_THREAD}
     proc = subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", "eval", "--model", str(model), "--limit", "3",
                            "--tasks", "gsm8k,humaneval", "--num-fewshot", "0", "--max-gen-toks", "24",
                            "--test-file", f"{gsm8k_dir}/test.jsonl", "--train-file", f"{gsm8k_dir}/train.jsonl",
@@ -65,7 +68,8 @@ def test_eval_humaneval_alone_without_gsm8k_files(isolated: Path) -> None:
     from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     model = ensure_tiny_model(isolated / "tiny-qwen2")
-    env = {**os.environ, "HF_HOME": str(isolated / "hf"), "HF_HUB_OFFLINE": "1", "HPC_GRPO_DATA": str(isolated / "none")}
+    env = {**os.environ, "HF_HOME": str(isolated / "hf"), "HF_HUB_OFFLINE": "1", "HPC_GRPO_DATA": str(isolated / "none"),
+           **ONE_THREAD}
     alone = subprocess.run([sys.executable, "-m", "hpc_grpo.cli.app", "eval", "--model", str(model), "--limit", "2",
                             "--max-gen-toks", "16", "--tasks", "humaneval", "--out", str(isolated / "alone")],
                            capture_output=True, text=True, env=env, cwd=isolated, timeout=400, check=False)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ONE_THREAD
+
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.engines import megatron_cpu
 from hpc_grpo.engines.verl import (BRIDGE_PIN, CPU_MEGATRON_MODE, CPU_MEGATRON_OVERRIDES, MEGATRON_CPU_FUSIONS,
@@ -128,7 +130,7 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 
     root = tmp_path_factory.mktemp("megatron-cpu")
     model = ensure_tiny_model(root / "tiny")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **ONE_THREAD}
     proc = subprocess.run([python, str(PROBE), str(model), str(root)], capture_output=True, text=True, timeout=600,
                           env=env, stdin=subprocess.DEVNULL, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]

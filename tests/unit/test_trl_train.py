@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_gsm8k
+from tests.conftest import ONE_THREAD, require_gsm8k
 
 from hpc_grpo.runstate import checkpoints as ck
 from hpc_grpo.config.resolve import resolve_spec
@@ -78,6 +78,7 @@ def job_env(root: Path) -> dict[str, str]:
         "WANDB_SILENT": "true",
         "CUDA_VISIBLE_DEVICES": "",
         "TOKENIZERS_PARALLELISM": "false",
+        **ONE_THREAD,
         "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     })
     env.pop("WANDB_API_KEY", None)

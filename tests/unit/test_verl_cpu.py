@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ONE_THREAD
+
 from hpc_grpo.evaluation import export
 from hpc_grpo.engines import verl_cpu
 from hpc_grpo.engines.verl import modelled_overrides
@@ -86,7 +88,7 @@ def test_verl_sees_the_cpu_platform_and_the_hf_rollout(tmp_path: Path) -> None:
     from hpc_grpo.data.tiny_model import ensure_tiny_model
 
     model = ensure_tiny_model(tmp_path / "tiny")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **ONE_THREAD}
     proc = subprocess.run([python, str(PROBE), str(model)], capture_output=True, text=True, timeout=300, env=env,
                           stdin=subprocess.DEVNULL, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]

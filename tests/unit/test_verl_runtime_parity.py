@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ONE_THREAD
+
 from hpc_grpo.cli import app as cli
 from hpc_grpo.config.resolve import resolve_spec
 from hpc_grpo.engines.verl import VerlEngine
@@ -93,7 +95,7 @@ def runtime_verdicts(model: Path, cases: dict[str, list[str]]) -> dict[str, dict
                             run_name="t")
         cmd = VerlEngine().command(spec)
         request["config_name"], request["cases"][name] = cmd.config_name, cmd.overrides
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **ONE_THREAD, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([python, str(PROBE)], input=json.dumps(request), capture_output=True, text=True,
                           timeout=600, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
