@@ -97,4 +97,5 @@ def run_watched(argv: list[str], env: dict[str, str], log: Callable[[str], None]
         raise
     finally:
         for t in pumps:
-            t.join(timeout=5)
+            if t.ident is not None:  # a signal during `start` leaves the later pumps unstarted: nothing to join
+                t.join(timeout=5)

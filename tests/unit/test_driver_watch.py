@@ -94,3 +94,33 @@ def test_the_driver_is_not_left_behind_when_the_watch_is_interrupted() -> None:
         time.sleep(0.1)
     assert ended(child), f"the driver {child} still runs after the watch was stopped"
 
+
+
+def test_a_signal_while_the_pumps_start_stops_the_driver_and_propagates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race above, made certain: the signal's exception lands in the second pump's `start`. The watch must let
+    it through (not a RuntimeError from joining a pump that never started) and stop the driver."""
+    import threading
+
+    from hpc_grpo.job import driver_watch
+
+    starts: list[threading.Thread] = []
+
+    class InterruptedOnSecondStart(threading.Thread):
+        def start(self) -> None:
+            starts.append(self)
+            if len(starts) == 2:
+                raise KeyboardInterrupt  # what the handler's SystemExit or Ctrl-C raises in the main thread
+            super().start()
+
+    monkeypatch.setattr(driver_watch.threading, "Thread", InterruptedOnSecondStart)
+    spawned: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def popen(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        spawned.append(real_popen(*args, **kwargs))  # type: ignore[call-overload]
+        return spawned[-1]
+
+    monkeypatch.setattr(driver_watch.subprocess, "Popen", popen)
+    with pytest.raises(KeyboardInterrupt):
+        run_watched([sys.executable, "-c", "import time; time.sleep(600)"], env={}, log=print)
+    assert len(starts) == 2 and spawned[0].poll() is not None  # the driver was stopped, not left behind
