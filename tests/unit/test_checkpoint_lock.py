@@ -111,14 +111,26 @@ def test_release_leaves_a_lock_taken_over_by_someone_else(tmp_path: Path) -> Non
     assert not list(tmp_path.glob("*.aside"))
 
 
+def _expires(path: Path) -> float:
+    """The lease's expiry as a waiter reads it. The holder rewrites its record in place (truncate, then write) every
+    LEASE_S / 4, so a read can land between the two and see a partial record, which the lock itself reads as a
+    record being written (runs._read_holder); read again a moment later, as a waiter's next poll does."""
+    for _ in range(100):
+        try:
+            return float(json.loads(path.read_text())["expires"])
+        except ValueError:
+            time.sleep(0.005)
+    raise AssertionError(f"{path} held no whole record in 100 reads")
+
+
 def test_holder_refreshes_its_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runs, "LEASE_S", 0.4)
     path = tmp_path / layout.CHECKPOINT_LOCK
     with runs.checkpoint_lock(tmp_path, timeout_s=5):
-        first = json.loads(path.read_text())["expires"]
+        first = _expires(path)
         time.sleep(0.5)  # past the first expiry: only a refresh keeps the lease alive
-        assert json.loads(path.read_text())["expires"] > time.time()
-        assert json.loads(path.read_text())["expires"] > first
+        assert _expires(path) > time.time()
+        assert _expires(path) > first
     assert not path.exists()
 
 
