@@ -22,6 +22,9 @@ START_TIMEOUT_S = 300
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slurm: needs the real local Slurm cluster (tools/slurm-dev/start.sh)")
+    config.addinivalue_line("markers", "slurm_lead: leads the scheduler-bound Slurm tests (it needs every node, or "
+                            "it starts a run that waits out time limits while they run)")
+    config.addinivalue_line("markers", "slurm_last: runs after every other Slurm test (it checks a run started early)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -32,12 +35,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The cluster's own checks first, on an idle cluster (they name the nodes a job lands on; a cancelled 2-node
     # job leaves its nodes completing for a few seconds). Then verl's runs (their modules hold
     # tests/conftest.verl_slot): CI runs this stream beside the unit tests. Then the scheduler-bound tests (waits
-    # on ticks, grace times, time limits), beside the local verl runs.
+    # on ticks, grace times, time limits), beside the local verl runs: led by those marked slurm_lead (a job on
+    # all four nodes; then the start of a run that mostly waits, the chained run's two time limits, ~3 min, on one
+    # node), and ended by those marked slurm_last, which check it. Checked at its module's end, that wait was the
+    # stream's idle tail (CI run 8: 178 s).
     def order(item: pytest.Item) -> int:
         path = Path(str(item.fspath))
         if here not in path.parents:
-            return 2
-        return 0 if path.name == "test_cluster.py" else 1 if "verl_slot" in item.fixturenames else 2
+            return 3
+        if path.name == "test_cluster.py":
+            return 0
+        if "verl_slot" in item.fixturenames:
+            return 1
+        return 2 if item.get_closest_marker("slurm_lead") else 4 if item.get_closest_marker("slurm_last") else 3
     items.sort(key=order)
 
 

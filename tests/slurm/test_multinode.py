@@ -23,7 +23,9 @@ from hpc_grpo.runstate import runs
 from tests.slurm.jobs import wait_final
 from hpc_grpo.job.ray_probe import leftover_pids
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+# slurm_lead: the 4-node case needs every CPU of the cluster, so it runs before the chained run of test_signals.py
+# takes a node for its ~3 minutes of time limits.
+pytestmark = [pytest.mark.slurm, pytest.mark.slurm_lead, pytest.mark.usefixtures("slurm_cluster")]
 
 JOB_DEADLINE_S = 300.0  # a 4-node probe takes about 30 s on 2 cores; room for a loaded machine and a queue
 NODE_ADDRS = {f"node{i}": f"127.0.0.{10 + i}" for i in range(1, 5)}

@@ -10,7 +10,9 @@ cluster=local (the same CPU code, no cluster time); its equality with the Slurm 
 A chained run (cluster.restart=chain, resources.time=1 minute, signal 55 s before the end, the trainer started
 35 s late: the signal comes before its first step, so every job trains exactly one step, saves, and ends by its
 time limit) survives two time limits and finishes.
-The chained run and the reference are started first and run while the fault tests run.
+The reference is started first and runs while the fault tests run; the chained run is started after the
+preemption test (never on the preemptor's node) and checked by the last Slurm test of the session: its ~3 minutes of
+time limits pass while the other scheduler-bound tests run (tests/slurm/conftest.py orders them).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class Env:
         return self.runs_root / name
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # the chained run's check comes at the session's end, after other modules
 def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     gsm8k = require_gsm8k()
     from hpc_grpo.data.gsm8k import prepare_gsm8k
@@ -102,9 +104,9 @@ def reference(env: Env) -> subprocess.Popen[str]:
                             stderr=subprocess.STDOUT, text=True, env=env.env, cwd=env.root, stdin=subprocess.DEVNULL)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def chained(env: Env) -> Path:
-    """Submitted first, so its two time limits pass while the fault tests run."""
+    """Submitted after the preemption test, so its two time limits pass while the other Slurm tests run."""
     name = env.name("chain")
     spec = env.runs_root / name / "spec.yaml"
     trainer = f"exec python3 -m hpc_grpo.job.trl_job --spec {spec}"
@@ -218,6 +220,7 @@ def preempt(env: Env, job_id: str):
     return lambda: slurm.cancel(hi)
 
 
+@pytest.mark.slurm_lead
 def test_preemption_saves_requeues_and_ends_equal(env: Env, reference: subprocess.Popen[str]) -> None:
     """First: the chained run must not share a node with the preemptor, so it starts after this test."""
     run = run_with_fault(env, env.name("preempt"), lambda job: preempt(env, job))
@@ -227,6 +230,7 @@ def test_preemption_saves_requeues_and_ends_equal(env: Env, reference: subproces
     assert run.first_resumed_step_s < 180
 
 
+@pytest.mark.slurm_lead
 def test_usr2_saves_requeues_and_ends_equal(env: Env, reference: subprocess.Popen[str], chained: Path) -> None:
     run = run_with_fault(env, env.name("usr2"), lambda job: (slurm.cancel(job, signal="USR2"), lambda: None)[1])
     print(f"\nUSR2: saved step {run.resumed_from}, steps lost {run.last_step_before - run.resumed_from}, "
@@ -235,6 +239,7 @@ def test_usr2_saves_requeues_and_ends_equal(env: Env, reference: subprocess.Pope
     assert run.first_resumed_step_s < 180
 
 
+@pytest.mark.slurm_last
 def test_chained_run_survives_two_time_limits(env: Env, chained: Path) -> None:
     end = time.monotonic() + DEADLINE_S
     while not (chained / "train_done.json").is_file():
