@@ -36,18 +36,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # job leaves its nodes completing for a few seconds). Then verl's runs (their modules hold
     # tests/conftest.verl_slot): CI runs this stream beside the unit tests. Then the scheduler-bound tests (waits
     # on ticks, grace times, time limits), beside the local verl runs: led by those marked slurm_lead (a job on
-    # all four nodes; then the start of a run that mostly waits, the chained run's two time limits, ~3 min, on one
-    # node), and ended by those marked slurm_last, which check it. Checked at its module's end, that wait was the
-    # stream's idle tail (CI run 8: 178 s).
+    # all four nodes; then, with the `chained` fixture, the start of a run that mostly waits, the chained run's two
+    # time limits, ~3 min, on one node), and ended by those marked slurm_last, which check it. Checked at its
+    # module's end, that wait was the stream's idle tail (CI run 8: 178 s).
     def order(item: pytest.Item) -> int:
         path = Path(str(item.fspath))
         if here not in path.parents:
-            return 3
+            return 4
         if path.name == "test_cluster.py":
             return 0
         if "verl_slot" in item.fixturenames:
             return 1
-        return 2 if item.get_closest_marker("slurm_lead") else 4 if item.get_closest_marker("slurm_last") else 3
+        if item.get_closest_marker("slurm_lead"):
+            return 3 if "chained" in item.fixturenames else 2  # a job that needs every node goes before it
+        return 5 if item.get_closest_marker("slurm_last") else 4
     items.sort(key=order)
 
 

@@ -95,7 +95,6 @@ def test_the_driver_is_not_left_behind_when_the_watch_is_interrupted() -> None:
     assert ended(child), f"the driver {child} still runs after the watch was stopped"
 
 
-
 def test_a_signal_while_the_pumps_start_stops_the_driver_and_propagates(monkeypatch: pytest.MonkeyPatch) -> None:
     """The race above, made certain: the signal's exception lands in the second pump's `start`. The watch must let
     it through (not a RuntimeError from joining a pump that never started) and stop the driver."""
